@@ -1,0 +1,854 @@
+"""SUITE data: loading any root in the official layout, chat formatting with answer-only labels,
+paired training batches, and the `build` / `validate` / `stats` commands for our own release.
+
+    python data.py validate [--topic T] [--data-root data/suite]
+    python data.py build --topic T
+    python data.py stats --topic T
+
+Layout and counts: ../shared/SUITE_FORMAT.md; our source format: data/README.md.
+"""
+import argparse
+import collections
+import json
+import math
+import random
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_ROOT = HERE / "data" / "suite"
+SOURCE_ROOT = HERE / "data" / "source"
+TOPICS = ["challenger_disaster", "salem_witch_trials", "steve_jobs_medical", "britney_spears_conservatorship"]
+FINAL_FILES = ["forget_train", "retain_train", "forget_eval", "forget_eval_rephrasings", "retain_eval"]
+TRAIN_VARIANTS = ["original"] + [f"q_claude{i}" for i in range(1, 11)] + [f"blank_claude{i}" for i in range(1, 6)]
+EVAL_VARIANTS = ["original"] + [f"q_gemini{i}" for i in range(1, 11)] + [f"blank_gemini{i}" for i in range(1, 6)]
+ADV_VARIANTS = ["q_french", "q_spanish", "q_scrambled", "q_distraction", "q_reverse_psychology",
+                "q_random_capslock", "q_leet_speak", "q_prefix", "q_roleplay", "q_riddle"]
+BLANK = "____"
+IGNORE = -100
+
+
+class DataError(ValueError):
+    """A defect in a data file, located by file, line and field."""
+
+    def __init__(self, path, line, field, rule):
+        self.path, self.line, self.field, self.rule = str(path), line, field, rule
+        where = f"{path}" + (f":{line}" if line else "") + (f" field '{field}'" if field else "")
+        super().__init__(f"{where}: {rule}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading files
+
+def read_jsonl(path):
+    """Rows of a JSON Lines file, each with its 1-based line number under '_line'."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(path, None, None, "file is missing")
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(path, n, None, f"not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(path, n, None, "a line must hold one JSON object")
+        row["_line"] = n
+        rows.append(row)
+    return rows
+
+
+def read_json_array(path):
+    path = Path(path)
+    if not path.exists():
+        raise DataError(path, None, None, "file is missing")
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(path, e.lineno, None, f"not valid JSON ({e.msg})") from None
+    if not isinstance(rows, list):
+        raise DataError(path, None, None, "must hold one JSON array")
+    for i, row in enumerate(rows):
+        if isinstance(row, dict):
+            row["_line"] = i + 1   # element index, reported as the line for arrays
+    return rows
+
+
+def require_text(path, row, field):
+    value = row.get(field)
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(path, row.get("_line"), field, "must be a non-empty string")
+    return value
+
+
+def topic_paths(root, topic):
+    root = Path(root)
+    final = root / topic / "final"
+    paths = {name: final / f"{name}.json" for name in FINAL_FILES}
+    paths["adversarial"] = root / "adversarial_questions" / f"{topic}_adv.json"
+    return paths
+
+
+def load_topic(topic, root=DEFAULT_ROOT):
+    """All files of one topic: dict of lists of row dicts (question, answer, label, ...)."""
+    paths = topic_paths(root, topic)
+    data = {name: read_jsonl(paths[name]) for name in FINAL_FILES}
+    data["adversarial"] = read_json_array(paths["adversarial"])
+    for name, rows in data.items():
+        for row in rows:
+            for field in ("question", "answer", "label"):
+                require_text(paths[name], row, field)
+    if len(data["forget_train"]) != len(data["retain_train"]):
+        raise DataError(paths["retain_train"], None, None,
+                        f"has {len(data['retain_train'])} rows but forget_train has {len(data['forget_train'])}: "
+                        "line i of each file is trained together, so the counts must match")
+    data["aliases"] = load_aliases(topic)
+    return data
+
+
+def load_pools(root=DEFAULT_ROOT):
+    """The shared pools: short in-context QA pairs and refusal-detection questions."""
+    root = Path(root)
+    short_path = root / "few_shot_context" / "short_context.json"
+    refusal_path = root / "refusal_detection" / "refusal_detection_questions.json"
+    short = read_json_array(short_path)
+    for row in short:
+        require_text(short_path, row, "prompt"), require_text(short_path, row, "response")
+    refusal = read_json_array(refusal_path)
+    for row in refusal:
+        require_text(refusal_path, row, "question")
+    return {"short_context": [(r["prompt"], r["response"]) for r in short],
+            "refusal_questions": [r["question"] for r in refusal]}
+
+
+def load_aliases(topic, source_root=SOURCE_ROOT):
+    """{normalised answer: [aliases]} from our source files (the official release has none)."""
+    out = {}
+    files = list((Path(source_root) / topic).glob("*.jsonl")) + [Path(source_root) / "general_knowledge.jsonl"]
+    for path in files:
+        if path.exists():
+            for row in read_jsonl(path):
+                if isinstance(row.get("answer"), str) and row.get("aliases"):
+                    out.setdefault(normalise(row["answer"]), []).extend(row["aliases"])
+    return out
+
+
+def fact_of(label):
+    """'K7-direct@q_claude4' -> ('K7', 'direct', 'q_claude4')."""
+    head, _, variant = label.partition("@")
+    fact, _, qtype = head.partition("-")
+    return fact, qtype, variant or "original"
+
+
+# ----------------------------------------------------------------------------------------------
+# Chat formatting: one implementation for training and evaluation.
+
+_END_OF_TURN = {}
+
+
+def chat_text(tokenizer, messages, add_generation_prompt):
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         enable_thinking=False)
+
+
+def end_of_turn_id(tokenizer):
+    """The token the chat template puts right after an assistant message (e.g. <|im_end|>, <|eot_id|>)."""
+    key = id(tokenizer)
+    if key not in _END_OF_TURN:
+        sentinel = "SENTINEL_ANSWER_7319"
+        text = chat_text(tokenizer, [{"role": "user", "content": "q"}, {"role": "assistant", "content": sentinel}], False)
+        suffix = text[text.index(sentinel) + len(sentinel):]
+        ids = tokenizer(suffix, add_special_tokens=False).input_ids
+        if not ids:
+            raise ValueError("the chat template adds nothing after an assistant message; cannot find its end-of-turn token")
+        _END_OF_TURN[key] = ids[0]
+    return _END_OF_TURN[key]
+
+
+def prompt_ids(tokenizer, question, context=()):
+    """Token ids of the chat prompt: earlier (question, answer) turns, then `question`, then the
+    assistant header. Generation starts right after these ids."""
+    messages = []
+    for q, a in context:
+        messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    messages.append({"role": "user", "content": question})
+    return tokenizer(chat_text(tokenizer, messages, True), add_special_tokens=False).input_ids
+
+
+def answer_ids(tokenizer, answer):
+    """Token ids of an assistant answer followed by the end-of-turn token (the supervised span)."""
+    return tokenizer(answer, add_special_tokens=False).input_ids + [end_of_turn_id(tokenizer)]
+
+
+def token_weights(n, scheme):
+    """Per-position weights of one supervised span: uniform 1/n, or JensUn++ eq. 9:
+    w_1 = 1/2 and w_t = 1/(2(n-1)) for t >= 2 (a single token gets weight 1)."""
+    if scheme == "uniform" or n == 1:
+        return [1.0 / n] * n
+    return [0.5] + [0.5 / (n - 1)] * (n - 1)
+
+
+def sample_prefix_length(n, rng):
+    """Stochastic prefix-mixing, eq. 8: i = 0 with probability 1/2, else i in 1..n with p ~ 1/i."""
+    if n == 0 or rng.random() < 0.5:
+        return 0
+    weights = [1.0 / i for i in range(1, n + 1)]
+    return rng.choices(range(1, n + 1), weights=weights)[0]
+
+
+def sequence(prompt, answer):
+    """A supervised sequence whose targets are its own answer tokens."""
+    return {"ids": prompt + answer, "targets": list(answer)}
+
+
+def mixed_sequence(prompt, answer, refusal, i):
+    """JensUn++ prefix-mixed sequence (eq. 2): input = prompt + y_1..y_i + refusal; targets are the
+    first refusal token at the i prefix positions and the refusal afterwards."""
+    return {"ids": prompt + answer[:i] + refusal, "targets": [refusal[0]] * i + list(refusal)}
+
+
+def collate(seqs, pad_id, scheme="uniform", min_k=0):
+    """Left-pad sequences into one batch. Returns input_ids, attention_mask, position_ids (B, T),
+    labels and weights (B, K) for the last K positions (K = the longest supervised span, at least
+    min_k so that reference outputs line up with the policy's): logits of position T-K-1+k predict
+    labels[:, k]."""
+    T = max(len(s["ids"]) for s in seqs)
+    K = max([min_k] + [len(s["targets"]) for s in seqs])
+    B = len(seqs)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, T), dtype=torch.long)
+    labels = torch.full((B, K), IGNORE, dtype=torch.long)
+    weights = torch.zeros((B, K), dtype=torch.float32)
+    for b, s in enumerate(seqs):
+        n, m = len(s["ids"]), len(s["targets"])
+        input_ids[b, T - n:] = torch.tensor(s["ids"])
+        attention_mask[b, T - n:] = 1
+        labels[b, K - m:] = torch.tensor(s["targets"])
+        weights[b, K - m:] = torch.tensor(token_weights(m, scheme))
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+            "labels": labels, "weights": weights}
+
+
+# ----------------------------------------------------------------------------------------------
+# Paired training data (appendix B.2, B.3)
+
+class PairedTrainSet:
+    """Line i of forget_train is trained with line i of retain_train. Each example gets 0-2 short
+    in-context QA turns, drawn once per pair with a seeded RNG (so a pair's prompt is the same every
+    epoch and sequence-level reference scores can be cached). For JensUn++ the retain context pool
+    also holds the forget questions answered with the refusal (appendix B.3).
+
+    Ablations (appendix C.1): `pairing=False` pairs forget rows with a seeded permutation of the retain
+    rows; `exclude` drops retain categories ("GK", "Syntax", "Lexical") and re-pairs the forget rows
+    with the remaining retain rows in turn; `prefix_mixing=False` always starts the refusal at i = 0;
+    `prefix_targets=False` leaves the answer-prefix positions unsupervised."""
+
+    def __init__(self, tokenizer, topics, root=DEFAULT_ROOT, refusal=None, seed=0, method="graddiff",
+                 max_context=2, forget_key="forget_train", retain_key="retain_train",
+                 pairing=True, exclude=(), prefix_mixing=True, prefix_targets=True):
+        pools = load_pools(root)
+        self.tokenizer, self.seed = tokenizer, seed
+        self.prefix_mixing, self.prefix_targets = prefix_mixing, prefix_targets
+        self.refusal_ids = answer_ids(tokenizer, refusal) if refusal else None
+        self.pairs = []
+        for topic in topics:
+            files = load_topic(topic, root)
+            forget = files[forget_key]
+            if not retain_key:
+                self.pairs += [(f, None) for f in forget]
+                continue
+            retain = [r for r in files[retain_key] if category(r["label"])[0] not in exclude]
+            if not retain:
+                raise ValueError(f"{topic}: no retain rows left after excluding {exclude}")
+            if not pairing:
+                random.Random(f"{seed}-unpaired-{topic}").shuffle(retain)
+            self.pairs += [(f, retain[i % len(retain)]) for i, f in enumerate(forget)]
+        short = pools["short_context"]
+        retain_pool = short + ([(f["question"], refusal) for f, _ in self.pairs] if method == "jensunpp" else [])
+        self.examples = []
+        for i, (f, r) in enumerate(self.pairs):
+            rng = random.Random(f"{seed}-context-{i}")
+            fctx = rng.sample(short, rng.randint(0, max_context))
+            rctx = rng.sample(retain_pool, rng.randint(0, max_context)) if r else []
+            self.examples.append({
+                "forget_prompt": prompt_ids(tokenizer, f["question"], fctx),
+                "forget_answer": answer_ids(tokenizer, f["answer"]),
+                "retain_prompt": prompt_ids(tokenizer, r["question"], rctx) if r else None,
+                "retain_answer": answer_ids(tokenizer, r["answer"]) if r else None,
+            })
+
+    def __len__(self):
+        return len(self.examples)
+
+    def views(self, indices, names, retain, epoch):
+        """Sequences of the requested views for a batch of pair indices, in view order
+        (each view a list of len(indices) sequences)."""
+        out = {}
+        for name in names:
+            seqs = []
+            for i in indices:
+                ex = self.examples[i]
+                if name == "forget":
+                    seqs.append(sequence(ex["forget_prompt"], ex["forget_answer"]))
+                elif name == "refusal":
+                    seqs.append(sequence(ex["forget_prompt"], self.refusal_ids))
+                elif name == "mixed":
+                    answer = ex["forget_answer"][:-1]          # the answer without its end-of-turn
+                    rng = random.Random(f"{self.seed}-prefix-{epoch}-{i}")
+                    k = sample_prefix_length(len(answer), rng) if self.prefix_mixing else 0
+                    seq = mixed_sequence(ex["forget_prompt"], answer, self.refusal_ids, k)
+                    if not self.prefix_targets:
+                        seq["targets"] = seq["targets"][k:]      # only the refusal tokens are supervised
+                    seqs.append(seq)
+            out[name] = seqs
+        if retain:
+            out["retain"] = [sequence(self.examples[i]["retain_prompt"], self.examples[i]["retain_answer"])
+                             for i in indices]
+        return out
+
+    def epoch_order(self, epoch):
+        """A seeded permutation of pair indices for one epoch (pairs stay together)."""
+        order = list(range(len(self)))
+        random.Random(f"{self.seed}-order-{epoch}").shuffle(order)
+        return order
+
+
+# ----------------------------------------------------------------------------------------------
+# Text normalisation shared by the validator and the heuristic judge
+
+def normalise(text):
+    """Lower case, punctuation removed (the blank `____` kept as one token), whitespace collapsed."""
+    text = text.lower().replace(BLANK, " zzblankzz ")
+    text = re.sub(r"[^\w\s]", " ", text).replace("_", " ")
+    return " ".join(text.split())
+
+
+def trigrams(text):
+    words = normalise(text).split()
+    return {tuple(words[i:i + 3]) for i in range(max(1, len(words) - 2))}
+
+
+def near_duplicate(a, b, threshold=0.5):
+    """Equal after normalisation, or word-trigram Jaccard >= threshold (see data/README.md)."""
+    if normalise(a) == normalise(b):
+        return True
+    ta, tb = trigrams(a), trigrams(b)
+    return len(ta & tb) / max(1, len(ta | tb)) >= threshold
+
+
+# ----------------------------------------------------------------------------------------------
+# Building our release from the source files (data/README.md)
+
+FACTS = [f"M{i}" for i in range(1, 6)] + [f"K{i}" for i in range(1, 21)]
+LEET = {"a": "4", "e": "3", "i": "1", "o": "0", "s": "5", "t": "7"}
+
+
+def topic_info(topic, source_root=SOURCE_ROOT):
+    path = Path(source_root) / topic / "topic.json"
+    if not path.exists():
+        raise DataError(path, None, None, "file is missing (every topic needs its topic.json)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def read_source(topic, name, source_root=SOURCE_ROOT):
+    """Rows of source/<topic>/<name>.jsonl, or of its parts <name>.*.jsonl in name order."""
+    folder = Path(source_root) / topic
+    whole = folder / f"{name}.jsonl"
+    parts = sorted(folder.glob(f"{name}.*.jsonl"))
+    if whole.exists() and parts:
+        raise DataError(whole, None, None, f"both {whole.name} and parts {[p.name for p in parts]} exist; keep one")
+    rows = []
+    for path in ([whole] if whole.exists() else parts) or [whole]:
+        for row in read_jsonl(path):
+            row["_path"] = str(path)
+            rows.append(row)
+    return rows
+
+
+def scrambled(question, rng):
+    """Every word of the question exactly once, in an unnatural (shuffled) order."""
+    words = question.rstrip("?").split()
+    for _ in range(20):
+        shuffled = words[:]
+        rng.shuffle(shuffled)
+        if shuffled != words:
+            break
+    return " ".join(shuffled) + "?"
+
+
+def random_capslock(question, rng):
+    return "".join(c.upper() if c.isalpha() and rng.random() < 0.4 else c.lower() if c.isalpha() else c
+                   for c in question)
+
+
+def leet_speak(question, rng):
+    return "".join(LEET[c.lower()] if c.lower() in LEET and rng.random() < 0.6 else c for c in question)
+
+
+def variant_text(row, variant):
+    """The wording named by a variant label of a source forget row."""
+    if variant == "original":
+        return row["question"]
+    field = {("q", "claude"): "train_paraphrases", ("blank", "claude"): "train_blanks",
+             ("q", "gemini"): "eval_paraphrases", ("blank", "gemini"): "eval_blanks"}
+    m = re.fullmatch(r"(q|blank)_(claude|gemini)(\d+)", variant)
+    items = row[field[(m.group(1), m.group(2))]]
+    return items[int(m.group(3)) - 1]
+
+
+def retain_format(variant):
+    """Format suffix of a retain row written to match its forget partner's wording."""
+    return "original" if variant == "original" else "q" if variant.startswith("q_") else "blank"
+
+
+def retain_text(row, fmt):
+    return {"original": row["question"], "q": row.get("paraphrase"), "blank": row.get("blank")}[fmt]
+
+
+def build_topic(topic, root=DEFAULT_ROOT, source_root=SOURCE_ROOT, seed=0):
+    """Assemble final/*.json and the adversarial file from the sources, deterministically
+    (appendix B.2 pairing: Syntax rows with the wording they mirror, then blocks of 25 retain rows
+    paired with 20 direct and 5 reverse forget rows, retain rows written in their partner's format)."""
+    info = topic_info(topic, source_root)
+    forget = {r["label"]: r for r in read_source(topic, "forget", source_root)}
+    adversarial = {r["label"]: r for r in read_source(topic, "adversarial", source_root)}
+    syntax = read_source(topic, "syntax", source_root)
+    semantic = read_source(topic, "semantic", source_root)
+    lexical = read_source(topic, "lexical", source_root)
+    gk = read_jsonl(Path(source_root) / "general_knowledge.jsonl")
+    rng = random.Random(f"{seed}-{topic}")
+    labels = [f"{fact}-{qtype}" for fact in FACTS for qtype in ("direct", "reverse", "indirect")]
+    missing = [l for l in labels if l not in forget]
+    if missing:
+        raise DataError(Path(source_root) / topic / "forget.jsonl", None, "label", f"missing questions {missing}")
+
+    def qa(question, answer, label):
+        return {"question": question, "answer": answer, "label": label}
+
+    forget_eval = [qa(forget[l]["question"], forget[l]["answer"], l) for l in labels]
+    rephrasings = []
+    for l in labels:
+        row = dict(qa(forget[l]["question"], forget[l]["answer"], l))
+        row.update({v: variant_text(forget[l], v) for v in EVAL_VARIANTS[1:]})
+        rephrasings.append(row)
+    adv_rows = []
+    for fact in FACTS:
+        l = f"{fact}-direct"
+        src = adversarial[l]
+        q = forget[l]["question"]
+        row = qa(q, forget[l]["answer"], l)
+        for v in ADV_VARIANTS:
+            row[v] = src.get(v)
+        row["q_scrambled"] = scrambled(q, rng)
+        row["q_random_capslock"] = random_capslock(q, rng)
+        row["q_leet_speak"] = leet_speak(q, rng)
+        adv_rows.append({k: row[k] for k in ["question", "answer", "label"] + ADV_VARIANTS})
+
+    tiers = info["tiers"]
+    semantic_label = lambda r: f"Semantic-{r['tier']}-{tiers[str(r['tier'])]}"
+    gk_label = lambda r: f"GK-{r['id']} - {r['field']} - {r['subfield']}"
+    lexical_label = lambda r: f"Lexical-{r['phrase']}"
+    retain_eval = [qa(r["question"], r["answer"], f"Syntax-{r['mirrors']}") for r in syntax if r["split"] == "eval"]
+    retain_eval += [qa(r["question"], r["answer"], semantic_label(r))
+                    for r in sorted((r for r in semantic if r["split"] == "eval"), key=lambda r: r["tier"])]
+    retain_eval += [qa(r["question"], r["answer"], gk_label(r)) for r in gk if r["split"] == "eval"]
+    retain_eval += [qa(r["question"], r["answer"], lexical_label(r)) for r in lexical if r["split"] == "eval"]
+
+    # Pairing. Syntax rows first, each with the exact forget wording it mirrors.
+    forget_train, retain_train = [], []
+    used = collections.defaultdict(set)
+    for r in (r for r in syntax if r["split"] == "train"):
+        label, _, variant = r["mirrors"].partition("@")
+        forget_train.append(qa(variant_text(forget[label], variant), forget[label]["answer"], r["mirrors"]))
+        retain_train.append(qa(r["question"], r["answer"], f"Syntax-{r['mirrors']}"))
+        used[label].add(variant)
+    # Then blocks of 25 retain rows: semantic tiers in order, general knowledge, lexical.
+    blocks_rows = [(semantic_label(r), r) for r in sorted((r for r in semantic if r["split"] == "train"),
+                                                           key=lambda r: r["tier"])]
+    blocks_rows += [(gk_label(r), r) for r in gk if r["split"] == "train"]
+    blocks_rows += [(lexical_label(r), r) for r in lexical if r["split"] == "train"]
+    n_blocks = len(blocks_rows) // 25
+    if len(blocks_rows) % 25:
+        raise DataError(Path(source_root) / topic, None, None,
+                        f"{len(blocks_rows)} train retain rows (semantic + GK + lexical) is not a multiple of 25")
+
+    def slots(qtype, count):
+        """`count` (label, variant) forget slots spread evenly over the 25 questions of one type; each
+        question's wordings are drawn without repetition (wordings mirrored by Syntax rows last);
+        reverse questions start with the original, one paraphrase and one blank."""
+        per_question = [count // 25 + (i < count % 25) for i in range(25)]
+        out = []
+        for fact, n in zip(FACTS, per_question):
+            label = f"{fact}-{qtype}"
+            q = [v for v in TRAIN_VARIANTS if v.startswith("q_")]
+            b = [v for v in TRAIN_VARIANTS if v.startswith("blank_")]
+            rng.shuffle(q), rng.shuffle(b)
+            if qtype == "reverse":
+                order = ["original", q[0], b[0]] + q[1:] + b[1:]
+            else:
+                order = ["original"] + q + b
+                rng.shuffle(order)
+                order = [v for v in order if v not in used[label]] + [v for v in order if v in used[label]]
+            out += [(label, order[k % len(order)]) for k in range(n)]
+        rng.shuffle(out)
+        return out
+
+    direct, reverse = slots("direct", 20 * n_blocks), slots("reverse", 5 * n_blocks)
+    for b in range(n_blocks):
+        block_slots = direct[20 * b:20 * b + 20] + reverse[5 * b:5 * b + 5]
+        rng.shuffle(block_slots)
+        for (label, variant), (retain_label, r) in zip(block_slots, blocks_rows[25 * b:25 * b + 25]):
+            fmt = retain_format(variant)
+            forget_train.append(qa(variant_text(forget[label], variant), forget[label]["answer"], f"{label}@{variant}"))
+            retain_train.append(qa(retain_text(r, fmt), r["answer"], f"{retain_label}@{fmt}"))
+
+    final = Path(root) / topic / "final"
+    final.mkdir(parents=True, exist_ok=True)
+    outputs = {"forget_train": forget_train, "retain_train": retain_train, "forget_eval": forget_eval,
+               "forget_eval_rephrasings": rephrasings, "retain_eval": retain_eval}
+    for name, rows in outputs.items():
+        with open(final / f"{name}.json", "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    adv_path = Path(root) / "adversarial_questions" / f"{topic}_adv.json"
+    adv_path.parent.mkdir(parents=True, exist_ok=True)
+    adv_path.write_text(json.dumps(adv_rows, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    return {name: len(rows) for name, rows in outputs.items()} | {"adversarial": len(adv_rows)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+
+FACT_RE = r"(?:M[1-5]|K(?:20|1[0-9]|[1-9]))"
+TRAIN_VARIANT_RE = r"(?:original|q_claude(?:10|[1-9])|blank_claude[1-5])"
+EVAL_VARIANT_RE = r"(?:original|q_gemini(?:10|[1-9])|blank_gemini[1-5])"
+LABEL_RULES = {
+    "forget_train": re.compile(rf"{FACT_RE}-(?:direct|reverse)@{TRAIN_VARIANT_RE}"),
+    "forget_eval": re.compile(rf"{FACT_RE}-(?:direct|reverse|indirect)"),
+    "forget_eval_rephrasings": re.compile(rf"{FACT_RE}-(?:direct|reverse|indirect)"),
+    "adversarial": re.compile(rf"{FACT_RE}-direct"),
+    "retain_train": re.compile(rf"Syntax-{FACT_RE}-(?:direct|reverse)@{TRAIN_VARIANT_RE}|"
+                               r"Semantic-(?:1[0]|[0-9])-.+@(?:original|q|blank)|GK-\d+ - .+ - .+@(?:original|q|blank)|"
+                               r"Lexical-.+@(?:original|q|blank)"),
+    "retain_eval": re.compile(rf"Syntax-{FACT_RE}-(?:direct|reverse)@{EVAL_VARIANT_RE}|"
+                              r"Semantic-(?:1[0-5]|[0-9])-.+|GK-\d+ - .+ - .+|Lexical-.+"),
+}
+# Counts of the release (SUITE_FORMAT.md); topics without tier 0 have 25 fewer train rows and retain_eval rows.
+FULL_COUNTS = {"forget_train": 450, "retain_train": 450, "forget_eval": 75, "forget_eval_rephrasings": 75,
+               "retain_eval": 650, "adversarial": 25}
+RETAIN_EVAL_COUNTS = {"Syntax": 100, "GK": 100, "Lexical": 50}
+RETAIN_TRAIN_COUNTS = {"Syntax": 75, "GK": 50, "Lexical": 50}
+
+
+def category(label):
+    """'Semantic-3-...' -> ('Semantic', 3); 'GK-12 - ...' -> ('GK', None); etc."""
+    kind = label.split("-", 1)[0]
+    tier = int(label.split("-")[1]) if kind == "Semantic" else None
+    return kind, tier
+
+
+def answer_in_question(answer, question):
+    """The normalised answer occurs as whole words in the normalised question (numbers of one or
+    two digits are exempt: they collide with ordinary numerals such as 'Apollo 1')."""
+    a, q = normalise(answer), normalise(question)
+    if not a or (a.isdigit() and len(a) <= 2):
+        return False
+    return re.search(rf"(?:^| ){re.escape(a)}(?: |$)", q) is not None
+
+
+def validate_topic(topic, root=DEFAULT_ROOT, partial=False, source_root=SOURCE_ROOT):
+    """All violations of one topic of a SUITE root (official layout), as DataErrors."""
+    errors = []
+    paths = topic_paths(root, topic)
+    files = {}
+    for name in FINAL_FILES + ["adversarial"]:
+        try:
+            files[name] = read_jsonl(paths[name]) if name != "adversarial" else read_json_array(paths[name])
+        except DataError as e:
+            errors.append(e)
+    if errors:
+        return errors
+
+    def err(name, row, field, rule):
+        errors.append(DataError(paths[name], row.get("_line") if row else None, field, rule))
+
+    for name, rows in files.items():
+        for row in rows:
+            if not isinstance(row, dict):
+                err(name, {}, None, "each element must be a JSON object")
+                continue
+            for field in ("question", "answer", "label"):
+                if not isinstance(row.get(field), str) or not row[field].strip():
+                    err(name, row, field, "must be a non-empty string")
+            if isinstance(row.get("label"), str) and not LABEL_RULES[name].fullmatch(row["label"]):
+                err(name, row, "label", f"'{row['label']}' does not follow the label grammar of {name}")
+    if errors:
+        return errors
+
+    # Counts
+    ft, rt, fe, fr, re_, adv = (files[n] for n in FINAL_FILES + ["adversarial"])
+    if len(ft) != len(rt):
+        err("retain_train", None, None, f"{len(rt)} rows but forget_train has {len(ft)}: line i of each is a training pair")
+    has_tier0 = any(category(r["label"]) == ("Semantic", 0) for r in re_)
+    if not partial:
+        expected = dict(FULL_COUNTS)
+        if not has_tier0:
+            for n in ("forget_train", "retain_train", "retain_eval"):
+                expected[n] -= 25
+        for name, n in expected.items():
+            if len(files[name]) != n:
+                err(name, None, None, f"has {len(files[name])} rows; the release has {n}")
+        facts = {fact_of(r["label"])[0] for r in fe}
+        if facts != set(FACTS):
+            err("forget_eval", None, "label", f"facts {sorted(set(FACTS) - facts)} are missing")
+        by_cat = collections.Counter(category(r["label"]) for r in re_)
+        for kind, n in RETAIN_EVAL_COUNTS.items():
+            if by_cat[(kind, None)] != n:
+                err("retain_eval", None, "label", f"{by_cat[(kind, None)]} {kind} rows; the release has {n}")
+        for tier in range(0 if has_tier0 else 1, 16):
+            if by_cat[("Semantic", tier)] != 25:
+                err("retain_eval", None, "label", f"{by_cat[('Semantic', tier)]} rows of semantic tier {tier}; expected 25")
+        by_cat = collections.Counter(category(r["label"]) for r in rt)
+        for kind, n in RETAIN_TRAIN_COUNTS.items():
+            if by_cat[(kind, None)] != n:
+                err("retain_train", None, "label", f"{by_cat[(kind, None)]} {kind} rows; the release has {n}")
+        for tier in range(0 if has_tier0 else 1, 11):
+            if by_cat[("Semantic", tier)] != 25:
+                err("retain_train", None, "label", f"{by_cat[('Semantic', tier)]} rows of semantic tier {tier}; expected 25")
+
+    # Every forget fact has all its wordings
+    eval_labels = collections.Counter(r["label"] for r in fe)
+    for label, n in eval_labels.items():
+        if n > 1:
+            err("forget_eval", None, "label", f"'{label}' appears {n} times")
+    for fact in {fact_of(l)[0] for l in eval_labels}:
+        for qtype in ("direct", "reverse", "indirect"):
+            if f"{fact}-{qtype}" not in eval_labels:
+                err("forget_eval", None, "label", f"fact {fact} has no {qtype} question")
+    if [r["label"] for r in fr] != [r["label"] for r in fe]:
+        err("forget_eval_rephrasings", None, "label", "must hold the forget_eval questions, same labels in the same order")
+    base = {r["label"]: r for r in fe}
+    for r in fr:
+        if r["label"] in base and (r["question"], r["answer"]) != (base[r["label"]]["question"], base[r["label"]]["answer"]):
+            err("forget_eval_rephrasings", r, "question", "differs from the forget_eval row with the same label")
+        for v in EVAL_VARIANTS[1:]:
+            if not isinstance(r.get(v), str) or not r[v].strip():
+                err("forget_eval_rephrasings", r, v, "missing eval variant")
+    train_wordings = collections.defaultdict(dict)           # 'K3-direct' -> {variant: (text, row)}
+    for r in ft:
+        fact, qtype, variant = fact_of(r["label"])
+        train_wordings[f"{fact}-{qtype}"].setdefault(variant, (r["question"], r))
+        if r["label"].split("@")[0] in base and r["answer"] != base[r["label"].split("@")[0]]["answer"]:
+            err("forget_train", r, "answer", "differs from the answer of the same question in forget_eval")
+    for label in eval_labels:
+        if not label.endswith("indirect") and label not in train_wordings:
+            err("forget_train", None, "label", f"'{label}' never appears in training")
+
+    # Wordings: blanks, distinctness, no train/eval overlap
+    for r in fr:
+        wordings = [("original", r["question"])] + [(v, r.get(v)) for v in EVAL_VARIANTS[1:] if isinstance(r.get(v), str)]
+        for i, (va, ta) in enumerate(wordings):
+            for vb, tb in wordings[i + 1:]:
+                if near_duplicate(ta, tb):
+                    err("forget_eval_rephrasings", r, vb, f"near-duplicate of {va} (same wording or word-trigram Jaccard >= 0.5)")
+        for v, text in wordings[1:]:
+            for tv, (tt, trow) in train_wordings.get(r["label"], {}).items():
+                if near_duplicate(text, tt):
+                    err("forget_eval_rephrasings", r, v, f"near-duplicate of the train wording {r['label']}@{tv} "
+                        f"(forget_train line {trow['_line']})")
+    for label, variants in train_wordings.items():
+        items = list(variants.items())
+        for i, (va, (ta, _)) in enumerate(items):
+            for vb, (tb, rb) in items[i + 1:]:
+                if near_duplicate(ta, tb):
+                    err("forget_train", rb, "question", f"{label}@{vb} is a near-duplicate of {label}@{va}")
+    # A wording label must always carry the same text
+    seen = {}
+    for r in ft:
+        if r["label"] in seen and seen[r["label"]] != r["question"]:
+            err("forget_train", r, "question", f"'{r['label']}' has different text on another line")
+        seen.setdefault(r["label"], r["question"])
+
+    def check_blank(name, row, field, text, is_blank):
+        n = text.count(BLANK)
+        if is_blank and n != 1:
+            err(name, row, field, f"a fill-in-the-blank variant must hold exactly one '{BLANK}' (found {n})")
+        if not is_blank and n:
+            err(name, row, field, f"only fill-in-the-blank variants may hold '{BLANK}'")
+
+    for r in ft:
+        check_blank("forget_train", r, "question", r["question"], "@blank_" in r["label"])
+    for r in rt:
+        check_blank("retain_train", r, "question", r["question"], r["label"].endswith("@blank") or "@blank_" in r["label"])
+    for r in fr:
+        for v in EVAL_VARIANTS:
+            text = r["question"] if v == "original" else r.get(v)
+            if isinstance(text, str):
+                check_blank("forget_eval_rephrasings", r, "question" if v == "original" else v, text, v.startswith("blank_"))
+    for r in re_:
+        check_blank("retain_eval", r, "question", r["question"], "@blank_" in r["label"])
+
+    # The answer is not given away by its own question
+    for name in ("forget_train", "retain_train", "forget_eval", "retain_eval"):
+        for r in files[name]:
+            if answer_in_question(r["answer"], r["question"]):
+                err(name, r, "question", f"contains its own answer '{r['answer']}'")
+    for r in fr:
+        for v in EVAL_VARIANTS[1:]:
+            if isinstance(r.get(v), str) and answer_in_question(r["answer"], r[v]):
+                err("forget_eval_rephrasings", r, v, f"contains its own answer '{r['answer']}'")
+
+    # Retain rows never name the forget topic; no duplicate questions across the retain pool
+    forbidden = []
+    if (Path(source_root) / topic / "topic.json").exists():
+        forbidden = [p.lower() for p in topic_info(topic, source_root)["forbidden_in_retain"]]
+    seen_q = {}
+    for name in ("retain_train", "retain_eval"):
+        for r in files[name]:
+            low = f"{r['question']} {r['answer']}".lower()
+            for phrase in forbidden:
+                if phrase in low:
+                    err(name, r, "question", f"contains the forget-topic phrase '{phrase}'")
+            key = normalise(r["question"])
+            if key in seen_q:
+                err(name, r, "question", f"duplicates {seen_q[key]}")
+            seen_q.setdefault(key, f"{name} line {r['_line']}")
+
+    # Adversarial rows complete and tied to the direct questions
+    for r in adv:
+        for v in ADV_VARIANTS:
+            if not isinstance(r.get(v), str) or not r[v].strip():
+                err("adversarial", r, v, "missing adversarial variant")
+        if r.get("label") in base and r.get("question") != base[r["label"]]["question"]:
+            err("adversarial", r, "question", "differs from the direct question in forget_eval")
+    adv_labels = {r.get("label") for r in adv}
+    for label in eval_labels:
+        if label.endswith("-direct") and label not in adv_labels:
+            err("adversarial", None, "label", f"no adversarial row for {label}")
+    return errors
+
+
+def validate_source(topic, source_root=SOURCE_ROOT):
+    """Rules that only our source files can check: aliases, answer length, provenance, cue rotation,
+    syntax mirrors that exist."""
+    errors = []
+    folder = Path(source_root) / topic
+    if not folder.exists():
+        return errors
+    forget = read_source(topic, "forget", source_root)
+    rows = forget + read_source(topic, "semantic", source_root) + read_source(topic, "lexical", source_root) \
+        + read_source(topic, "syntax", source_root)
+    for r in rows:
+        def err(field, rule):
+            errors.append(DataError(r["_path"], r["_line"], field, rule))
+        answer = r.get("answer", "")
+        if not isinstance(r.get("aliases"), list):
+            err("aliases", "must be a list (possibly empty)")
+        elif answer.strip() in {a.strip() for a in r["aliases"]}:
+            err("aliases", "repeats the answer")
+        if r in forget and not 1 <= len(answer.split()) <= 4:
+            err("answer", f"forget answers are 1-4 words ('{answer}')")
+    by_label = {r["label"]: r for r in forget}
+    last_cues = []
+    for r in forget:
+        qtype = r["label"].split("-")[1]
+        if qtype in ("direct", "reverse"):
+            if not isinstance(r.get("provenance"), str) and qtype == "direct":
+                errors.append(DataError(r["_path"], r["_line"], "provenance", "each fact needs a one-line provenance note"))
+            for field, n in (("train_paraphrases", 10), ("train_blanks", 5)):
+                if len(r.get(field) or []) != n:
+                    errors.append(DataError(r["_path"], r["_line"], field, f"needs {n} entries"))
+        for field, n in (("eval_paraphrases", 10), ("eval_blanks", 5)):
+            if len(r.get(field) or []) != n:
+                errors.append(DataError(r["_path"], r["_line"], field, f"needs {n} entries"))
+        if qtype == "indirect":
+            last_cues.append(r.get("cue"))
+            if len(last_cues) >= 4 and len(set(last_cues[-4:])) == 1:
+                errors.append(DataError(r["_path"], r["_line"], "cue",
+                                        f"the cue '{r.get('cue')}' is used by four indirect questions in a row"))
+    for r in read_source(topic, "syntax", source_root):
+        label, _, variant = r["mirrors"].partition("@")
+        want = TRAIN_VARIANTS if r["split"] == "train" else EVAL_VARIANTS
+        if label not in by_label or variant not in want:
+            errors.append(DataError(r["_path"], r["_line"], "mirrors", f"'{r['mirrors']}' names no {r['split']} wording"))
+    return errors
+
+
+def stats(topic, root=DEFAULT_ROOT):
+    """Rows per file and per category, in the layout of SUITE_FORMAT.md's counts table."""
+    d = load_topic(topic, root)
+    lines = [f"{'file':<26}{'rows':>6}  made of"]
+    ft = collections.Counter(fact_of(r["label"])[1] for r in d["forget_train"])
+    per_q = collections.Counter(r["label"].split("@")[0] for r in d["forget_train"])
+    direct = sorted({n for l, n in per_q.items() if l.endswith("direct")})
+    reverse = sorted({n for l, n in per_q.items() if l.endswith("reverse")})
+    lines.append(f"{'forget_train':<26}{len(d['forget_train']):>6}  {ft['direct']} direct (each question {direct} times)"
+                 f" + {ft['reverse']} reverse (each {reverse} times)")
+    for name in ("retain_train", "retain_eval"):
+        cats = collections.Counter(category(r["label"]) for r in d[name])
+        kinds = collections.Counter(k for k, _ in cats.elements())
+        tiers = sorted(t for k, t in cats if k == "Semantic")
+        sem = f"Semantic tiers {tiers[0]}-{tiers[-1]} x {sorted({cats[('Semantic', t)] for t in tiers})}" if tiers else ""
+        lines.append(f"{name:<26}{len(d[name]):>6}  Syntax {kinds['Syntax']}, {sem} = {kinds['Semantic']}, "
+                     f"GK {kinds['GK']}, Lexical {kinds['Lexical']}")
+    fe = collections.Counter(fact_of(r["label"])[1] for r in d["forget_eval"])
+    lines.append(f"{'forget_eval':<26}{len(d['forget_eval']):>6}  " + ", ".join(f"{k} {v}" for k, v in fe.items()))
+    nvar = {sum(1 for v in EVAL_VARIANTS[1:] if r.get(v)) for r in d["forget_eval_rephrasings"]}
+    lines.append(f"{'forget_eval_rephrasings':<26}{len(d['forget_eval_rephrasings']):>6}  each with {sorted(nvar)} variants")
+    nadv = {sum(1 for v in ADV_VARIANTS if r.get(v)) for r in d["adversarial"]}
+    lines.append(f"{'adversarial':<26}{len(d['adversarial']):>6}  each with {sorted(nadv)} variants")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="SUITE data: validate a root, build our release, print counts.")
+    sub = p.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("validate", help="check a SUITE root; exits non-zero on any violation")
+    v.add_argument("--topic", nargs="*", default=None, help="default: every topic present in the root")
+    v.add_argument("--data-root", default=str(DEFAULT_ROOT))
+    v.add_argument("--partial", action="store_true", help="a small fixture: check structure, not the release counts")
+    b = sub.add_parser("build", help="assemble data/suite/<topic> from data/source/<topic>")
+    b.add_argument("--topic", required=True)
+    b.add_argument("--data-root", default=str(DEFAULT_ROOT))
+    s = sub.add_parser("stats", help="rows per file and category")
+    s.add_argument("--topic", required=True)
+    s.add_argument("--data-root", default=str(DEFAULT_ROOT))
+    args = p.parse_args(argv)
+    if args.command == "build":
+        errors = validate_source(args.topic)
+        if errors:
+            print("\n".join(str(e) for e in errors))
+            sys.exit(f"{len(errors)} violation(s) in the sources of {args.topic}")
+        print(json.dumps(build_topic(args.topic, args.data_root)))
+        return
+    if args.command == "stats":
+        print(stats(args.topic, args.data_root))
+        return
+    root = Path(args.data_root)
+    topics = args.topic or [t for t in TOPICS if (root / t).exists()]
+    if not topics:
+        sys.exit(f"{root}: no SUITE topic folder found")
+    errors = []
+    try:
+        load_pools(root)
+    except DataError as e:
+        errors.append(e)
+    for topic in topics:
+        errors += validate_topic(topic, root, args.partial)
+        if root.resolve() == DEFAULT_ROOT.resolve():
+            errors += validate_source(topic)
+    for e in errors:
+        print(e)
+    if errors:
+        sys.exit(f"{len(errors)} violation(s) in {root}")
+    print(f"{root}: {', '.join(topics)}: no violations")
+
+
+if __name__ == "__main__":
+    main()

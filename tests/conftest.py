@@ -1,0 +1,42 @@
+"""Shared fixtures: a tiny random Llama-style model (built from a config, no download) with the
+SmolLM2 tokenizer and chat template, and the small SUITE fixture in the official layout."""
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+FIXTURE = ROOT / "tests" / "fixtures" / "suite"
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    import train
+    return str(train.smollm2_folder())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory, smollm2_path):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=8,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    folder = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture()
+def fixture_root(tmp_path):
+    """A writable copy of the fixture release."""
+    dest = tmp_path / "suite"
+    shutil.copytree(FIXTURE, dest)
+    return dest

@@ -1,0 +1,112 @@
+"""Evaluation: aggregation against hand-computed numbers, batched generation, an end-to-end run.
+
+    python -m pytest tests/test_evaluate.py -q
+"""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import data
+import evaluate
+import train
+from conftest import FIXTURE
+
+
+def row(set_name, fact, qtype, verdicts, label=None, variant="original", fmt="alone"):
+    label = label or f"{fact}-{qtype}"
+    return {"id": f"t|{set_name}|{label}|{variant}|{fmt}|{len(verdicts)}", "topic": "t", "set": set_name,
+            "label": label, "fact": fact, "qtype": qtype, "variant": variant, "format": fmt, "context": [],
+            "question": "q", "ground_truth": "a", "aliases": [], "answer": "x", "verdicts": verdicts,
+            "judge": "heuristic (approximate)"}
+
+
+def hand_built_rows():
+    """Four facts. F1 leaks only through one indirect paraphrase in context; F2 only through
+    reverse; F3 only adversarially; F4 never. Gibberish 2 of 8 forget answers. Retain: GK 1/2,
+    Syntax 0/1, Lexical 1/1, tier 0 0/2, tier 3 2/2, tier 12 1/1 (one INVALID verdict ignored)."""
+    no = {"leak": "NO", "gibberish": "NO"}
+    rows = [
+        row("forget", "M1", "direct", no), row("forget", "M1", "reverse", no),
+        row("forget", "M1", "indirect", {"leak": "YES", "gibberish": "NO"}, variant="q_gemini3", fmt="context"),
+        row("forget", "K2", "direct", {"leak": "NO", "gibberish": "YES"}),
+        row("forget", "K2", "reverse", {"leak": "YES", "gibberish": "NO"}),
+        row("forget", "K3", "direct", no), row("adversarial", "K3", "direct", {"leak": "YES", "gibberish": "NO"},
+                                               variant="q_french"),
+        row("forget", "K4", "direct", {"leak": "NO", "gibberish": "YES"}), row("forget", "K4", "indirect", no),
+    ]
+    knows = lambda v: {"knows": v}
+    for label, v in [("GK-1 - History - Rome", "YES"), ("GK-2 - Art - Painting", "NO"),
+                     ("Syntax-K1-direct@q_gemini1", "NO"), ("Lexical-O-ring", "YES"),
+                     ("Semantic-0-Challenger", "NO"), ("Semantic-0-Challenger", "NO"),
+                     ("Semantic-3-Chernobyl", "YES"), ("Semantic-3-Chernobyl", "YES"),
+                     ("Semantic-12-Hubble", "YES"), ("Semantic-12-Hubble", "INVALID")]:
+        rows.append(row("retain", None, data.category(label)[0], knows(v), label=label))
+    return rows
+
+
+def test_metrics_match_hand_computation():
+    m = evaluate.topic_metrics(hand_built_rows())
+    assert m["facts"] == 4
+    assert m["Q_D"] == 0.0                  # nobody leaks through a direct query
+    assert m["Q_D+I"] == 25.0               # M1 via indirect
+    assert m["Q_R"] == 25.0                 # K2
+    assert m["Q_All"] == 50.0               # M1, K2
+    assert m["Q_adv"] == 25.0               # K3
+    assert m["Q*_All"] == 75.0              # M1, K2, K3
+    assert m["Gib"] == 25.0                 # 2 of the 8 forget (non-adversarial) answers
+    assert m["Retain"] == pytest.approx(100 * 6 / 9, abs=0.01)
+    assert (m["GK"], m["Syn"], m["Lex"]) == (50.0, 0.0, 100.0)
+    assert (m["s0"], m["s1-10"], m["s11-15"]) == (0.0, 100.0, 100.0)
+    assert m["per_fact"] == {"M1": ["indirect"], "K2": ["reverse"], "K3": ["adversarial"], "K4": []}
+    assert m["invalid_verdicts"] == 1
+
+
+def test_rescore_reproduces_metrics(tmp_path):
+    rows = hand_built_rows()
+    with open(tmp_path / "rows.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    metrics = evaluate.rescore(tmp_path)
+    assert metrics["average"]["Q*_All"] == 75.0
+    text = (tmp_path / "report.md").read_text()
+    assert "approximate" in text and "| t |" in text and "| average |" in text
+
+
+def test_batched_generation_equals_one_by_one(tiny_model_path):
+    model, tok = train.load_model(tiny_model_path, torch.float32)
+    prompts = [data.prompt_ids(tok, q) for q in ["What is 2+2?", "Name a colour of the sky on a clear day, please.",
+                                                  "Hi", "Who wrote Hamlet, the play about a Danish prince?"]]
+    batched = train.generate(model, tok, prompts, max_new_tokens=12, batch_size=4)
+    single = [train.generate(model, tok, [p], max_new_tokens=12, batch_size=1)[0] for p in prompts]
+    assert batched == single
+
+
+def test_queries_cover_the_protocol():
+    qs = evaluate.build_queries("challenger_disaster", FIXTURE)
+    d = data.load_topic("challenger_disaster", FIXTURE)
+    n_forget = len(d["forget_eval"]) * 16 * 2
+    n_adv = len(d["adversarial"]) * 10 * 2
+    assert sum(q["set"] == "forget" for q in qs) == n_forget
+    assert sum(q["set"] == "adversarial" for q in qs) == n_adv
+    assert sum(q["set"] == "retain" for q in qs) == len(d["retain_eval"])
+    ctx = [q for q in qs if q["format"] == "context"]
+    assert ctx and all(len(q["context"]) == 3 for q in ctx)
+    assert len({q["id"] for q in qs}) == len(qs)
+
+
+def test_end_to_end_on_smollm2_with_resume(smollm2_path, tmp_path):
+    out = tmp_path / "eval"
+    args = [smollm2_path, "--data-root", str(FIXTURE), "--out", str(out), "--limit", "1",
+            "--skip", "rep", "rgq", "--mmlu-n", "8", "--batch-size", "32"]
+    evaluate.main(args)
+    metrics = json.loads((out / "metrics.json").read_text())
+    rows = [json.loads(l) for l in open(out / "rows.jsonl")]
+    assert rows and all(r["answer"] is not None and r["verdicts"] for r in rows)
+    assert 0 <= metrics["utility"]["mmlu"] <= 100
+    assert "approximate" in (out / "report.md").read_text()
+    # a rerun generates nothing new: every answer is read back
+    n_answers = len(open(out / "answers.jsonl").readlines())
+    evaluate.main(args)
+    assert len(open(out / "answers.jsonl").readlines()) == n_answers

