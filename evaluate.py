@@ -37,7 +37,12 @@ class Progress:
         self.t0 = self.last = time.time()
 
     def __call__(self, n=1):
-        self.done += n
+        """Count n more finished items (train.generate's convention)."""
+        self.to(self.done + n)
+
+    def to(self, done):
+        """Set the number of finished items (judge.py's convention)."""
+        self.done = done
         now = time.time()
         if now - self.last >= self.every or self.done >= self.total:
             self.last = now
@@ -141,7 +146,7 @@ def judge_rows(rows, judge):
     retain = [r for r in rows if r["set"] == "retain"]
     for kind, subset, key in (("forget", forget, "leak"), ("gibberish", forget, "gibberish"), ("retain", retain, "knows")):
         if subset:
-            verdicts = judge.verdicts(kind, items(subset), progress=Progress(f"judge {kind}", len(subset)))
+            verdicts = judge.verdicts(kind, items(subset), progress=Progress(f"judge {kind}", len(subset)).to)
             for r, v in zip(subset, verdicts):
                 r.setdefault("verdicts", {})[key] = v
     for r in rows:

@@ -311,7 +311,7 @@ def save_checkpoint(run_dir, model, optimizer, meta, rank):
     if dist.is_initialized():
         dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
     if rank == 0:
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         shutil.rmtree(ckpt, ignore_errors=True)
@@ -326,7 +326,7 @@ def load_checkpoint(run_dir, model, optimizer):
     ckpt = Path(run_dir) / "checkpoint"
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(ckpt))
+    dcp.load(state, checkpoint_id=str(ckpt), no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 

@@ -56,7 +56,7 @@ def test_metrics_match_hand_computation():
     assert m["Q_adv"] == 25.0               # K3
     assert m["Q*_All"] == 75.0              # M1, K2, K3
     assert m["Gib"] == 25.0                 # 2 of the 8 forget (non-adversarial) answers
-    assert m["Retain"] == pytest.approx(100 * 6 / 9, abs=0.01)
+    assert m["Retain"] == pytest.approx(100 * 5 / 9, abs=0.01)
     assert (m["GK"], m["Syn"], m["Lex"]) == (50.0, 0.0, 100.0)
     assert (m["s0"], m["s1-10"], m["s11-15"]) == (0.0, 100.0, 100.0)
     assert m["per_fact"] == {"M1": ["indirect"], "K2": ["reverse"], "K3": ["adversarial"], "K4": []}
