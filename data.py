@@ -705,9 +705,11 @@ def validate_topic(topic, root=DEFAULT_ROOT, partial=False, source_root=SOURCE_R
                 err("forget_eval_rephrasings", r, v, f"contains its own answer '{r['answer']}'")
 
     # Retain rows never name the forget topic; no duplicate questions across the retain pool
-    forbidden = []
+    forbidden, together = [], {}
     if (Path(source_root) / topic / "topic.json").exists():
-        forbidden = [p.lower() for p in topic_info(topic, source_root)["forbidden_in_retain"]]
+        info = topic_info(topic, source_root)
+        forbidden = [p.lower() for p in info["forbidden_in_retain"]]
+        together = info.get("forbidden_together", {})
     seen_q = {}
     for name in ("retain_train", "retain_eval"):
         for r in files[name]:
@@ -715,6 +717,11 @@ def validate_topic(topic, root=DEFAULT_ROOT, partial=False, source_root=SOURCE_R
             for phrase in forbidden:
                 if phrase in low:
                     err(name, r, "question", f"contains the forget-topic phrase '{phrase}'")
+            for entity, words in together.items():       # e.g. "Jobs" never next to his illness
+                if re.search(rf"\b{re.escape(entity)}\b", f"{r['question']} {r['answer']}"):
+                    for word in words:
+                        if word in low:
+                            err(name, r, "question", f"names '{entity}' together with '{word}' (the forget topic)")
             key = normalise(r["question"])
             if key in seen_q:
                 err(name, r, "question", f"duplicates {seen_q[key]}")

@@ -301,6 +301,31 @@ def utility_metrics(model_path, base_path, out_dir, args, judge):
     return result
 
 
+def nll_before_after(model_path, base_path, topics, root, base_rows, out_dir):
+    """NLL of every forget_eval and retain_eval ground truth (original wording) under the base model
+    and the unlearned one, split by whether the base model knew it (its verdicts in `base_rows`, the
+    rows.jsonl of an evaluation of the base model); draws the paper's violin and bar plots."""
+    import train
+    import utility
+    known_fact = {(r["topic"], r["fact"]) for r in base_rows if r["set"] == "forget" and r["verdicts"].get("leak") == "YES"}
+    known_retain = {(r["topic"], r["label"], r["question"]) for r in base_rows
+                    if r["set"] == "retain" and r["verdicts"].get("knows") == "YES"}
+    items = []
+    for topic in topics:
+        d = data.load_topic(topic, root)
+        items += [{"topic": topic, "set": "forget", "question": r["question"], "answer": r["answer"],
+                   "known_before": (topic, data.fact_of(r["label"])[0]) in known_fact} for r in d["forget_eval"]]
+        items += [{"topic": topic, "set": "retain", "question": r["question"], "answer": r["answer"],
+                   "known_before": (topic, r["label"], r["question"]) in known_retain} for r in d["retain_eval"]]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for key, path in (("nll_before", base_path), ("nll_after", model_path)):
+        model, tokenizer = train.load_model(path, torch.float32, device)
+        for item, value in zip(items, utility.answer_nll(model, tokenizer, items)):
+            item[key] = value
+        del model
+    return utility.nll_plots(items, Path(out_dir) / "nll")
+
+
 # ----------------------------------------------------------------------------------------------
 
 def resolve_stages(ckpt):
@@ -334,6 +359,11 @@ def evaluate_model(model_path, out_dir, args, judge, base_path):
     t0 = time.time()
     utility = utility_metrics(model_path, base_path, out_dir, args, judge) if len(args.skip) < 3 else {}
     t["utility_s"] = round(time.time() - t0, 1)
+    if args.base_eval:
+        t0 = time.time()
+        base_rows = list(read_jsonl_dict(Path(args.base_eval) / "rows.jsonl").values())
+        utility["nll"] = nll_before_after(model_path, base_path, args.topics, args.data_root, base_rows, out_dir)["summary"]["groups"]
+        t["nll_s"] = round(time.time() - t0, 1)
     utility["timing"] = t
     metrics = write_results(out_dir, queries, utility, f"SUITE evaluation: {model_path}")
     print(f"{model_path}: " + ", ".join(f"{k} {fmt(v)}" for k, v in metrics["average"].items()) + f"  ({t})")
@@ -352,6 +382,8 @@ def parse_args(argv=None):
     p.add_argument("--judge-model", default="Qwen/Qwen3.5-35B-A3B")
     p.add_argument("--judge-concurrency", type=int, default=16)
     p.add_argument("--base", help="base model for RGQ (default: the run's --model, if CKPT is a train.py run)")
+    p.add_argument("--base-eval", metavar="RUN_DIR",
+                   help="an evaluation of the base model: adds the NLL before/after analysis (needs --base)")
     p.add_argument("--skip", nargs="*", default=[], choices=["mmlu", "rep", "rgq"], help="utility parts to skip")
     p.add_argument("--limit", type=int, help="first N facts and N retain rows per topic (smoke runs)")
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)

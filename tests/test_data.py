@@ -177,3 +177,18 @@ def test_cli_exit_code(fixture_root, capsys):
         data.main(["validate", "--data-root", str(fixture_root), "--partial"])
     assert "violation" in str(exc.value.code)
     assert "retain_eval.json:1 field 'label'" in capsys.readouterr().out
+
+
+def test_forbidden_together(fixture_root, tmp_path):
+    """An entity may appear in retain rows, but never next to the forget topic's words."""
+    source = tmp_path / "source" / TOPIC
+    source.mkdir(parents=True)
+    info = json.loads((data.SOURCE_ROOT / TOPIC / "topic.json").read_text())
+    info["forbidden_together"] = {"Gagarin": ["death", "crash"]}
+    (source / "topic.json").write_text(json.dumps(info))
+    rewrite(final(fixture_root, "retain_eval"), lambda rows: (
+        rows[1].update(question="In which year did Gagarin die in a training jet crash?"),
+        rows[2].update(question="In which year did Gagarin orbit the Earth?")))
+    errs = [str(e) for e in data.validate_topic(TOPIC, fixture_root, partial=True, source_root=tmp_path / "source")]
+    assert any("retain_eval.json:2 field 'question'" in e and "'Gagarin' together with 'crash'" in e for e in errs), errs
+    assert not any("retain_eval.json:3" in e for e in errs)
