@@ -186,9 +186,12 @@ def test_forbidden_together(fixture_root, tmp_path):
     info = json.loads((data.SOURCE_ROOT / TOPIC / "topic.json").read_text())
     info["forbidden_together"] = {"Gagarin": ["death", "crash"]}
     (source / "topic.json").write_text(json.dumps(info))
+    rows = data.read_jsonl(final(fixture_root, "retain_eval"))
+    bad, good = [r["_line"] for r in rows if r["label"].startswith("GK-")][:2]
     rewrite(final(fixture_root, "retain_eval"), lambda rows: (
-        rows[1].update(question="In which year did Gagarin die in a training jet crash?"),
-        rows[2].update(question="In which year did Gagarin orbit the Earth?")))
+        rows[bad - 1].update(question="In which year did Gagarin die in a training jet crash?"),
+        rows[good - 1].update(question="In which year did Gagarin orbit the Earth?")))
     errs = [str(e) for e in data.validate_topic(TOPIC, fixture_root, partial=True, source_root=tmp_path / "source")]
-    assert any("retain_eval.json:2 field 'question'" in e and "'Gagarin' together with 'crash'" in e for e in errs), errs
-    assert not any("retain_eval.json:3" in e for e in errs)
+    assert any(f"retain_eval.json:{bad} field 'question'" in e and "'Gagarin' together with 'crash'" in e
+               for e in errs), errs
+    assert not any(f"retain_eval.json:{good} " in e for e in errs), errs
