@@ -364,6 +364,7 @@ class Trainer:
     def __init__(self, args, rank, world, device):
         self.args, self.rank, self.world, self.device = args, rank, world, device
         self.spec = losses.METHODS[args.method]
+        self.ref_tokens = 0                              # tokens through the frozen model (benchmarks)
         self.bf16 = args.precision == "bf16"
         self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if self.bf16 and world == 1 \
             else contextlib.nullcontext
@@ -386,6 +387,12 @@ class Trainer:
         model.train()
         if args.gradient_checkpointing:
             model.gradient_checkpointing_enable()
+        if args.compile:
+            # Compile each decoder block (dynamic shapes: every batch has its own length). The step is
+            # otherwise bound by Python dispatch of ~100 small ops per block (see the README benchmark).
+            for m in [model] + ([ref] if ref is not None else []):
+                for block in decoder_layers(m):
+                    block.compile(dynamic=True)
 
         forget_key, retain_key = ("forget_train", "retain_train")
         if args.method == "nll":
@@ -420,14 +427,19 @@ class Trainer:
         log = open(Path(args.out) / "log.jsonl", "a") if self.rank == 0 else None
         t0, tokens_seen, last_print = time.time(), 0, 0.0
         start_step = step
+        profiler = None
         while step < total:
+            if args.profile_steps and step == start_step + 3 and self.rank == 0:     # after warm-up steps
+                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] +
+                                                  ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []))
+                profiler.__enter__()
             epoch, in_epoch = divmod(step, steps_per_epoch)
             order = trainset.epoch_order(epoch)
             order = order + order[: (-len(order)) % global_batch]          # wrap around to full batches
             lr = lr_at(step, total, steps_per_epoch, hp["lr"])
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            t_step = time.time()
+            t_step, step_tokens, ref_before = time.time(), 0, self.ref_tokens
             stats_acc = collections.defaultdict(float)
             chunk = order[in_epoch * global_batch:(in_epoch + 1) * global_batch]
             for micro in range(args.grad_accum):
@@ -437,6 +449,7 @@ class Trainer:
                                                     needs_retain, hidden_layer, ref_hidden_layer, cache)
                 (loss / args.grad_accum).backward()
                 tokens_seen += ntok
+                step_tokens += ntok
                 for k, v in stats.items():
                     stats_acc[k] += v / args.grad_accum
             if dist.is_initialized():                       # log the global mean, not rank 0's share
@@ -449,6 +462,13 @@ class Trainer:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            if profiler and step == start_step + 3 + args.profile_steps:
+                profiler.__exit__(None, None, None)
+                sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+                table = profiler.key_averages().table(sort_by=sort, row_limit=30)
+                (Path(args.out) / "profile.txt").write_text(table)
+                print0(table)
+                profiler = None
             if args.method == "pdu" and epoch >= hp["pdu_warmup_epochs"]:
                 # dual ascent on the retain constraint L_r <= eps (Entesari et al. 2025)
                 violation = stats_acc["retain_nll"] - hp["pdu_eps"]
@@ -457,6 +477,7 @@ class Trainer:
             elapsed = time.time() - t0
             record = {"stage": stage_name, "step": step, "epoch": epoch, "lr": lr, "grad_norm": grad_norm,
                       "step_time": time.time() - t_step, "tokens_per_s": tokens_seen / elapsed,
+                      "tokens": step_tokens, "ref_tokens": self.ref_tokens - ref_before,
                       "peak_mem_gb": peak_memory_gb(self.device), **dual, **dict(stats_acc)}
             if log:
                 log.write(json.dumps(record) + "\n")
@@ -478,6 +499,9 @@ class Trainer:
         if log:
             log.close()
         folder = Path(args.out) / stage_name
+        if args.no_save:
+            print0(f"[{stage_name}] --no-save: model not exported")
+            return args.model
         export(model, tokenizer, config, folder, self.rank)
         print0(f"[{stage_name}] saved {folder}")
         return folder
@@ -509,13 +533,15 @@ class Trainer:
             missing = [b for b, i in enumerate(indices) if (view, i) not in cache]
             if missing:
                 sub = {view: [seqs[view][b] for b in missing]}
-                out, _, _ = forward_views(ref, sub, pad, "uniform", self.device, self.autocast)
+                out, _, n = forward_views(ref, sub, pad, "uniform", self.device, self.autocast)
+                self.ref_tokens += n
                 values = losses.summed_logprob(out[view]["logits"], out[view]["labels"])
                 for b, v in zip(missing, values.tolist()):
                     cache[(view, indices[b])] = v
             return {"seq_logprob": torch.tensor([cache[(view, i)] for i in indices], device=self.device)}
-        out, _, _ = forward_views(ref, {view: seqs[view]}, pad, "uniform", self.device, self.autocast,
+        out, _, n = forward_views(ref, {view: seqs[view]}, pad, "uniform", self.device, self.autocast,
                                   ref_hidden_layer if kind == "hidden" else None, min_k=K)
+        self.ref_tokens += n
         return {kind: out[view][kind]}
 
     @torch.no_grad()
@@ -583,6 +609,9 @@ def parse_args(argv=None):
     p.add_argument("--print-every", type=float, default=5.0, help="seconds between progress lines")
     p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--no-save", action="store_true", help="do not export the trained model (benchmarks)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each decoder block (GPU speed)")
+    p.add_argument("--profile-steps", type=int, default=0, help="profile this many steps after 3 warm-up steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trust-remote-code", action="store_true")
     args = p.parse_args(argv)
@@ -639,7 +668,7 @@ def main(argv=None):
             continue
         model_path = str(Trainer(args, rank, world, device).run_stage(index, name, topics, model_path, refusal, hp, resume))
         resume = None
-        if rank == 0:
+        if rank == 0 and not args.no_save:
             shutil.rmtree(out / "checkpoint", ignore_errors=True)
             (Path(model_path) / "train_config.json").write_text(json.dumps(config, indent=1))
     print0(f"done: checkpoint(s) under {out}: {', '.join(name for name, _ in stages)}")

