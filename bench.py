@@ -111,8 +111,14 @@ def main():
     p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[], help="passed on to train.py")
     args = p.parse_args()
     results = {}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     if "train" in args.parts:
-        results["train"] = [bench_train(args.model, m, args.steps, args.warmup, args.out, args.train_args) for m in args.methods]
+        results["train"] = []
+        for m in args.methods:
+            results["train"].append(bench_train(args.model, m, args.steps, args.warmup, args.out, args.train_args))
+            if int(os.environ.get("RANK", 0)) == 0:
+                print("train", json.dumps(results["train"][-1]), flush=True)
+                (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1))
     if {"gen", "mmlu", "rep"} & set(args.parts) and int(os.environ.get("RANK", 0)) == 0:
         model, tokenizer = train.load_model(args.model, torch.bfloat16, "cuda")
         model.eval()
@@ -122,10 +128,9 @@ def main():
             if part in args.parts:
                 results[part] = fn()
                 print(part, json.dumps(results[part]), flush=True)
+                (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1))
     if int(os.environ.get("RANK", 0)) == 0:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1))
-        print(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -50,8 +50,6 @@ def test_build_is_deterministic_and_matches_committed_files(tmp_path, topic):
 
 
 def test_salem_counts_without_tier0():
-    if "salem_witch_trials" not in RELEASED:
-        pytest.skip("salem_witch_trials is not built yet")
     text = data.stats("salem_witch_trials")
     assert "retain_train                 425  Syntax 75, Semantic tiers 1-10 x [25] = 250, GK 50, Lexical 50" in text
     assert "retain_eval                  625  Syntax 100, Semantic tiers 1-15 x [25] = 375, GK 100, Lexical 50" in text
