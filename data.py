@@ -259,7 +259,7 @@ class PairedTrainSet:
         self.pairs = []
         for topic in topics:
             files = load_topic(topic, root)
-            forget = files[forget_key]
+            forget = injection_rows(files) if forget_key == "inject" else files[forget_key]
             if not retain_key:
                 self.pairs += [(f, None) for f in forget]
                 continue
@@ -317,6 +317,19 @@ class PairedTrainSet:
         order = list(range(len(self)))
         random.Random(f"{self.seed}-order-{epoch}").shuffle(order)
         return order
+
+
+def injection_rows(files):
+    """Every question of a topic once, in every wording (forget train and eval wordings, all retain
+    rows): the fine-tuning set that gives a small model the knowledge that unlearning then removes."""
+    rows = list(files["forget_train"]) + list(files["retain_train"]) + list(files["retain_eval"])
+    for r in files["forget_eval_rephrasings"]:
+        rows += [{"question": r["question"] if v == "original" else r[v], "answer": r["answer"],
+                  "label": f"{r['label']}@{v}"} for v in EVAL_VARIANTS]
+    unique = {}
+    for r in rows:
+        unique.setdefault(normalise(r["question"]), r)
+    return list(unique.values())
 
 
 # ----------------------------------------------------------------------------------------------

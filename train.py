@@ -602,8 +602,9 @@ def parse_args(argv=None):
     p.add_argument("--no-pairing", dest="pairing", action="store_false", help="random forget/retain pairs")
     p.add_argument("--exclude-retain", nargs="*", default=[], choices=["GK", "Syntax", "Lexical"],
                    help="train without these retain categories")
-    p.add_argument("--relearn-set", default="retain_train", choices=["retain_train", "forget_train"],
-                   help="what --method nll trains on")
+    p.add_argument("--relearn-set", default="retain_train", choices=["retain_train", "forget_train", "inject"],
+                   help="what --method nll trains on (inject: every question in every wording, to give a "
+                        "small model the knowledge to unlearn)")
     p.add_argument("--max-steps", type=int, default=None, help="stop each stage after this many steps (smoke runs)")
     p.add_argument("--save-every", type=int, default=50, help="checkpoint every N optimizer steps (0: never)")
     p.add_argument("--print-every", type=float, default=5.0, help="seconds between progress lines")

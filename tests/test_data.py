@@ -204,3 +204,26 @@ def test_forbidden_together(fixture_root, tmp_path):
     assert any(f"retain_eval.json:{bad} field 'question'" in e and "'Gagarin' together with 'crash'" in e
                for e in errs), errs
     assert not any(f"retain_eval.json:{good} " in e for e in errs), errs
+
+
+def test_injection_set_holds_every_wording_once():
+    d = data.load_topic(TOPIC)
+    rows = data.injection_rows(d)
+    questions = {data.normalise(r["question"]) for r in rows}
+    assert len(questions) == len(rows)
+    for r in d["forget_eval_rephrasings"]:
+        assert all(data.normalise(r["question"] if v == "original" else r[v]) in questions for v in data.EVAL_VARIANTS)
+    for name in ("forget_train", "retain_train", "retain_eval"):
+        assert all(data.normalise(r["question"]) in questions for r in d[name])
+
+
+def test_run_all_dry_run_prints_every_block():
+    import subprocess
+    out = subprocess.run(["bash", str(data.HERE / "run_all.sh"), "--dry-run", "all"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    for block in ("small", "sweeps", "single", "sequential", "joint", "relearn", "ablations"):
+        assert f"### block {block}" in out.stdout
+    commands = [l for l in out.stdout.splitlines() if l.startswith("+ ")]
+    assert any("--relearn-set inject" in c for c in commands)
+    assert sum("--mode sequential" in c for c in commands) == 15          # 5 methods x 3 models

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The paper's experiments as runnable blocks (sections 3-5, appendix B and C).
+#
+#   ./run_all.sh --dry-run all           # print every command of every block
+#   ./run_all.sh small                    # the small-scale reproduction on SmolLM2 (one GPU, ~30 min)
+#   NGPU=4 JUDGE_URL=http://127.0.0.1:8000/v1 ./run_all.sh sweeps single
+#
+# Blocks: small sweeps single sequential joint relearn ablations. Each block can run alone; the
+# blocks after `sweeps` use the paper's selected hyperparameters (losses.HPARAMS), not the sweep's.
+# Models are hub ids (a local copy works too). Evaluation uses the LLM judge at $JUDGE_URL (the
+# paper's judge is Qwen3.5-35B-A3B, served with vLLM or SGLang); JUDGE=heuristic for a rough offline run.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+DRY=0
+if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
+[ $# -ge 1 ] || { sed -n '2,13p' "$0"; exit 1; }
+
+NGPU=${NGPU:-1}
+RUNS=${RUNS:-runs}
+JUDGE=${JUDGE:-http}
+JUDGE_URL=${JUDGE_URL:-http://127.0.0.1:8000/v1}
+LLAMA=${LLAMA:-meta-llama/Llama-3.2-3B-Instruct}
+MINISTRAL=${MINISTRAL:-mistralai/Ministral-3-3B-Instruct-2512-BF16}
+QWEN=${QWEN:-Qwen/Qwen3.5-9B}
+METHODS_ALL="graddiff jensun npo pdu rmu satimp simnpo undial wga jensunpp dpo ga"
+METHODS_TOP5="graddiff jensun npo pdu jensunpp"        # the five methods of the multi-model tables
+
+run() { echo "+ $*"; if [ $DRY = 0 ]; then "$@"; fi; }
+train() { run torchrun --nproc_per_node="$NGPU" train.py "$@"; }
+evaluate() { run python evaluate.py "$@" --judge "$JUDGE" --judge-url "$JUDGE_URL"; }
+
+block_small() {
+  # Small-scale reproduction (SmolLM2-135M-Instruct does not know SUITE's facts): inject the Challenger
+  # questions by fine-tuning, then unlearn with every method from the injected model, then evaluate
+  # everything with the heuristic judge (approximate; stated in every report).
+  local out=$RUNS/small inject=$RUNS/small/injected/final
+  run python train.py --method nll --relearn-set inject --model smollm2 --topics challenger_disaster \
+      --lr 1e-4 --epochs 8 --batch-size 16 --out "$RUNS/small/injected"
+  run python evaluate.py smollm2 --topics challenger_disaster --judge heuristic --out "$out/eval_base" --skip rgq
+  run python evaluate.py "$inject" --topics challenger_disaster --judge heuristic --out "$out/eval_injected" --base smollm2
+  for lr in 1e-5 3e-5 1e-4; do   # learning-rate sweep per method, training split only (paper's other settings)
+    for m in $METHODS_ALL; do
+      run python train.py --method "$m" --model "$inject" --topics challenger_disaster --lr "$lr" \
+          --out "$out/$m-lr$lr"
+      run python evaluate.py "$out/$m-lr$lr" --topics challenger_disaster --judge heuristic --base "$inject" --skip rep
+    done
+  done
+}
+
+block_sweeps() {
+  # Appendix tables tab:llama_hp_lr and tab:llama_hp_alpha: LR sweep, then lambda sweep, on Challenger with Llama.
+  local -A LRS=([graddiff]="3e-7 4e-7 5e-7 1e-6" [jensun]="2e-6 4e-6 5e-6 8e-6" [npo]="5e-6 8e-6 1e-5 2e-5"
+                [pdu]="1e-6 3e-6 5e-6 8e-6" [rmu]="3e-5 7e-5 1e-4 3e-4" [satimp]="7e-6 8e-6 1e-5 3e-5"
+                [simnpo]="7e-6 1e-5 2e-5 3e-5" [undial]="5e-5 1e-4 5e-4" [wga]="5e-6 8e-6 1e-5 2e-5"
+                [jensunpp]="1e-6 2e-6 3e-6 4e-6")
+  local -A LAMBDAS=([graddiff]="--lambda-r 0.5 --lambda-r 1 --lambda-r 2 --lambda-r 5"
+                    [jensun]="--lambda-r 0.25 --lambda-r 0.5 --lambda-r 1 --lambda-r 2"
+                    [npo]="--lambda-r 0.5 --lambda-r 1 --lambda-r 3 --lambda-r 5"
+                    [pdu]="--lambda-r 0.25 --lambda-r 0.5 --lambda-r 1" [rmu]="--lambda-r 0.25 --lambda-r 1 --lambda-r 3"
+                    [satimp]="--lambda-r 0.5 --lambda-r 1 --lambda-r 2" [simnpo]="--lambda-r 0.5 --lambda-r 1 --lambda-r 2"
+                    [undial]="--lambda-r 0 --lambda-r 0.25 --lambda-r 1" [wga]="--lambda-r 0.5 --lambda-r 1 --lambda-r 2 --lambda-r 5"
+                    [jensunpp]="--lambda-f 0.2 --lambda-f 0.33 --lambda-f 0.5 --lambda-f 1")
+  for m in "${!LRS[@]}"; do
+    for lr in ${LRS[$m]}; do
+      train --method "$m" --model "$LLAMA" --topics challenger_disaster --lr "$lr" --out "$RUNS/sweep/$m-lr$lr"
+      evaluate "$RUNS/sweep/$m-lr$lr" --topics challenger_disaster
+    done
+    set -- ${LAMBDAS[$m]}
+    while [ $# -gt 0 ]; do
+      train --method "$m" --model "$LLAMA" --topics challenger_disaster "$1" "$2" --out "$RUNS/sweep/$m${1#--}$2"
+      evaluate "$RUNS/sweep/$m${1#--}$2" --topics challenger_disaster
+      shift 2
+    done
+  done
+}
+
+block_single() {
+  # Single-topic runs of every method on every topic, each model (tab:challenger_comparison_llama3b and the per-topic tables).
+  for model in "$LLAMA" "$MINISTRAL" "$QWEN"; do
+    for t in challenger_disaster salem_witch_trials steve_jobs_medical britney_spears_conservatorship; do
+      for m in $METHODS_ALL; do
+        train --method "$m" --model "$model" --topics "$t" --out "$RUNS/single/${model##*/}/$t/$m"
+        evaluate "$RUNS/single/${model##*/}/$t/$m" --topics "$t"
+      done
+    done
+  done
+}
+
+block_sequential() {
+  # Sequential unlearning of the four topics (tab:seq_models, fig. sequential): every stage on every topic.
+  for model in "$LLAMA" "$MINISTRAL" "$QWEN"; do
+    for m in $METHODS_TOP5; do
+      train --method "$m" --model "$model" --topics all --mode sequential --out "$RUNS/sequential/${model##*/}/$m"
+      evaluate "$RUNS/sequential/${model##*/}/$m"
+    done
+  done
+}
+
+block_joint() {
+  # Joint unlearning of the four topics at once (tab:comb_models).
+  for model in "$LLAMA" "$MINISTRAL" "$QWEN"; do
+    for m in $METHODS_TOP5; do
+      train --method "$m" --model "$model" --topics all --mode joint --out "$RUNS/joint/${model##*/}/$m"
+      evaluate "$RUNS/joint/${model##*/}/$m"
+    done
+  done
+}
+
+block_relearn() {
+  # Relearning attack on the joint checkpoints: fine-tune on the retain train set, 10 epochs, batch 8,
+  # lr 1e-5 / 2e-6 / 5e-6 per model family (losses.HPARAMS "nll", read from the path), then evaluate again.
+  for model in "$LLAMA" "$MINISTRAL" "$QWEN"; do
+    for m in $METHODS_TOP5; do
+      local src=$RUNS/joint/${model##*/}/$m/final
+      train --method nll --relearn-set retain_train --model "$src" --topics all --mode joint \
+          --out "$RUNS/relearn/${model##*/}/$m"
+      evaluate "$RUNS/relearn/${model##*/}/$m"
+    done
+  done
+}
+
+block_ablations() {
+  # tab:ablation (Llama, Challenger, lr 3e-6, lambda_f 0.33): design choices, refusal phrasing, data subsets, pairing.
+  local base=(--method jensunpp --model "$LLAMA" --topics challenger_disaster)
+  train "${base[@]}" --out "$RUNS/ablation/full"
+  train "${base[@]}" --no-balance --lr 4e-5 --lambda-f 0.5 --out "$RUNS/ablation/no-balance"
+  train "${base[@]}" --no-prefix-targets --out "$RUNS/ablation/no-prefix-targets"
+  train "${base[@]}" --no-prefix-mixing --out "$RUNS/ablation/no-delayed-refusal"
+  train "${base[@]}" --no-pairing --out "$RUNS/ablation/no-pairing"
+  train "${base[@]}" --refusal "I am unable to verify this information." --out "$RUNS/ablation/no-unfortunately"
+  train "${base[@]}" --exclude-retain GK --out "$RUNS/ablation/no-gk"
+  train "${base[@]}" --exclude-retain Syntax --out "$RUNS/ablation/no-syntax"
+  train "${base[@]}" --exclude-retain Lexical --out "$RUNS/ablation/no-lexical"
+  for a in full no-balance no-prefix-targets no-delayed-refusal no-pairing no-unfortunately no-gk no-syntax no-lexical; do
+    evaluate "$RUNS/ablation/$a" --topics challenger_disaster
+    train --method nll --relearn-set retain_train --model "$RUNS/ablation/$a/final" --topics challenger_disaster \
+        --lr 1e-5 --out "$RUNS/ablation/$a-relearn"                 # tab:ablation_b_relearn
+    evaluate "$RUNS/ablation/$a-relearn" --topics challenger_disaster
+  done
+}
+
+blocks=("$@")
+[ "${blocks[0]}" = "all" ] && blocks=(small sweeps single sequential joint relearn ablations)
+for b in "${blocks[@]}"; do
+  declare -F "block_$b" >/dev/null || { echo "unknown block: $b"; exit 1; }
+  echo "### block $b"
+  "block_$b"
+done
