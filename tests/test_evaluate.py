@@ -110,3 +110,41 @@ def test_end_to_end_on_smollm2_with_resume(smollm2_path, tmp_path):
     n_answers = len(open(out / "answers.jsonl").readlines())
     evaluate.main(args)
     assert len(open(out / "answers.jsonl").readlines()) == n_answers
+
+
+def test_sequential_run_is_evaluated_stage_by_stage_on_every_topic(tiny_model_path, tmp_path):
+    """A train.py sequential run folder: every stage is evaluated on every topic, and stages.md holds
+    the forget rate of each topic after each stage (the paper's figure of forget rate across stages)."""
+    import shutil
+    root = tmp_path / "suite"
+    shutil.copytree(FIXTURE, root)
+    shutil.copytree(root / "challenger_disaster", root / "salem_witch_trials")
+    shutil.copy(root / "adversarial_questions" / "challenger_disaster_adv.json",
+                root / "adversarial_questions" / "salem_witch_trials_adv.json")
+    run = tmp_path / "seq"
+    train.main(["--method", "graddiff", "--model", tiny_model_path, "--data-root", str(root), "--out", str(run),
+                "--topics", "challenger_disaster", "salem_witch_trials", "--mode", "sequential",
+                "--precision", "fp32", "--max-steps", "1"])
+    evaluate.main([str(run), "--data-root", str(root), "--limit", "1", "--skip", "mmlu", "rep", "rgq",
+                   "--batch-size", "64"])
+    for stage in ("stage1_challenger_disaster", "stage2_salem_witch_trials"):
+        metrics = json.loads((run / "eval" / stage / "metrics.json").read_text())
+        assert set(metrics["topics"]) == {"challenger_disaster", "salem_witch_trials"}
+    table = (run / "eval" / "stages.md").read_text()
+    assert "| stage1_challenger_disaster |" in table and "| stage2_salem_witch_trials |" in table
+
+
+def test_nll_before_after_analysis(tiny_model_path, tmp_path):
+    """--base-eval: NLL of every ground truth under the base and the evaluated model, split by what the
+    base knew, summarised and drawn (violin and bar plots)."""
+    base_eval = tmp_path / "base_eval"
+    common = ["--data-root", str(FIXTURE), "--limit", "1", "--skip", "mmlu", "rep", "rgq", "--batch-size", "64"]
+    evaluate.main([tiny_model_path, "--out", str(base_eval), *common])
+    out = tmp_path / "eval"
+    evaluate.main([tiny_model_path, "--out", str(out), "--base", tiny_model_path, "--base-eval", str(base_eval), *common])
+    metrics = json.loads((out / "metrics.json").read_text())
+    groups = metrics["utility"]["nll"]
+    assert {"forget/unknown", "retain/unknown"} <= set(groups)
+    for g in groups.values():          # the same model before and after: identical NLL
+        assert g["mean_before"] == pytest.approx(g["mean_after"], rel=1e-4)
+    assert (out / "nll" / "nll_violin.png").exists() and (out / "nll" / "nll_bars.png").exists()
