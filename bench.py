@@ -3,7 +3,7 @@ its config; no download) on real SUITE Challenger batches at the paper's setting
 
     python bench.py                                   # every part, one GPU
     python bench.py --parts train --methods jensunpp --steps 30
-    torchrun --nproc_per_node=2 bench.py --parts train # the same training measurement under FSDP
+    torchrun --nproc_per_node=2 bench.py --parts train --methods jensunpp   # under FSDP, one method per call
 
 Parts: train (s/step, tokens/s, model FLOP utilisation, peak memory, projected time of one topic:
 20 epochs), gen (every evaluation answer of one topic: forget wordings x 2 formats, adversarial,
@@ -110,6 +110,10 @@ def main():
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[], help="passed on to train.py")
     args = p.parse_args()
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and len(args.methods) > 1:
+        # train.main tears its process group down at the end; NCCL cannot be set up again in the same
+        # torchrun process (seen on 2 x H200), so each method needs its own torchrun call.
+        p.error("under torchrun, give one method per call (--methods jensunpp)")
     results = {}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if "train" in args.parts:

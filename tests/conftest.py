@@ -40,3 +40,12 @@ def fixture_root(tmp_path):
     dest = tmp_path / "suite"
     shutil.copytree(FIXTURE, dest)
     return dest
+
+
+@pytest.fixture()
+def two_topic_root(fixture_root):
+    """The fixture with its topic copied under a second topic name (for sequential runs)."""
+    shutil.copytree(fixture_root / "challenger_disaster", fixture_root / "salem_witch_trials")
+    shutil.copy(fixture_root / "adversarial_questions" / "challenger_disaster_adv.json",
+                fixture_root / "adversarial_questions" / "salem_witch_trials_adv.json")
+    return fixture_root

@@ -112,15 +112,10 @@ def test_end_to_end_on_smollm2_with_resume(smollm2_path, tmp_path):
     assert len(open(out / "answers.jsonl").readlines()) == n_answers
 
 
-def test_sequential_run_is_evaluated_stage_by_stage_on_every_topic(tiny_model_path, tmp_path):
+def test_sequential_run_is_evaluated_stage_by_stage_on_every_topic(tiny_model_path, tmp_path, two_topic_root):
     """A train.py sequential run folder: every stage is evaluated on every topic, and stages.md holds
     the forget rate of each topic after each stage (the paper's figure of forget rate across stages)."""
-    import shutil
-    root = tmp_path / "suite"
-    shutil.copytree(FIXTURE, root)
-    shutil.copytree(root / "challenger_disaster", root / "salem_witch_trials")
-    shutil.copy(root / "adversarial_questions" / "challenger_disaster_adv.json",
-                root / "adversarial_questions" / "salem_witch_trials_adv.json")
+    root = two_topic_root
     run = tmp_path / "seq"
     train.main(["--method", "graddiff", "--model", tiny_model_path, "--data-root", str(root), "--out", str(run),
                 "--topics", "challenger_disaster", "salem_witch_trials", "--mode", "sequential",

@@ -5,7 +5,6 @@
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -97,12 +96,8 @@ def test_kill_and_resume_equals_uninterrupted(tiny_model_path, tmp_path, monkeyp
     assert not (tmp_path / "killed" / "checkpoint").exists()
 
 
-def test_sequential_two_topics(tiny_model_path, tmp_path):
-    root = tmp_path / "suite"
-    shutil.copytree(FIXTURE, root)
-    shutil.copytree(root / "challenger_disaster", root / "salem_witch_trials")
-    shutil.copy(root / "adversarial_questions" / "challenger_disaster_adv.json",
-                root / "adversarial_questions" / "salem_witch_trials_adv.json")
+def test_sequential_two_topics(tiny_model_path, tmp_path, two_topic_root):
+    root = two_topic_root
     out = tmp_path / "seq"
     train.main(["--method", "jensunpp", "--model", tiny_model_path, "--data-root", str(root), "--out", str(out),
                 "--topics", "challenger_disaster", "salem_witch_trials", "--mode", "sequential",
