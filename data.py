@@ -10,7 +10,6 @@ Layout and counts: ../shared/SUITE_FORMAT.md; our source format: data/README.md.
 import argparse
 import collections
 import json
-import math
 import random
 import re
 import sys

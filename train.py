@@ -23,7 +23,6 @@ import os
 import random
 import resource
 import shutil
-import sys
 import time
 from pathlib import Path
 

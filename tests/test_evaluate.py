@@ -3,7 +3,6 @@
     python -m pytest tests/test_evaluate.py -q
 """
 import json
-from pathlib import Path
 
 import pytest
 import torch
