@@ -332,7 +332,7 @@ def injection_rows(files):
 
 
 # ----------------------------------------------------------------------------------------------
-# Text normalisation shared by the validator and the heuristic judge
+# Text normalisation of the validator and the alias lookup (judge.py normalises answers its own way)
 
 def normalise(text):
     """Lower case, punctuation removed (the blank `____` kept as one token), whitespace collapsed."""

@@ -115,7 +115,22 @@ def read_jsonl_dict(path, key="id"):
     return out
 
 
-def generate_answers(model_path, queries, out_dir, batch_size, max_new_tokens=50, device=None):
+def lazy_model(model_path):
+    """A function returning (model, tokenizer) in bf16, loaded on its first call only: generation and
+    the utility metrics share one load, and a resumed run that needs neither loads nothing."""
+    loaded = []
+
+    def get():
+        if not loaded:
+            import train
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            model, tokenizer = train.load_model(model_path, torch.bfloat16, device)
+            loaded.append((model.eval(), tokenizer))
+        return loaded[0]
+    return get
+
+
+def generate_answers(get_model, queries, out_dir, batch_size, max_new_tokens=50):
     """Answers for all queries; finished ones are read back from answers.jsonl, new ones appended
     in chunks as they are produced."""
     import train
@@ -123,9 +138,7 @@ def generate_answers(model_path, queries, out_dir, batch_size, max_new_tokens=50
     done = {k: v["answer"] for k, v in read_jsonl_dict(path).items()}
     todo = [q for q in queries if q["id"] not in done]
     if todo:
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        model, tokenizer = train.load_model(model_path, torch.bfloat16, device)
-        model.eval()
+        model, tokenizer = get_model()
         progress = Progress("generate", len(todo))
         chunk = max(batch_size * 8, 256)
         with open(path, "a", encoding="utf-8") as f:
@@ -137,7 +150,6 @@ def generate_answers(model_path, queries, out_dir, batch_size, max_new_tokens=50
                     done[q["id"]] = a
                     f.write(json.dumps({"id": q["id"], "answer": a}, ensure_ascii=False) + "\n")
                 f.flush()
-        del model
     return done
 
 
@@ -265,17 +277,14 @@ def rescore(run_dir):
 # ----------------------------------------------------------------------------------------------
 # Utility (MMLU, repetitiveness, RGQ), resumable per part
 
-def utility_metrics(model_path, base_path, out_dir, args, judge):
-    import train
+def utility_metrics(get_model, base_path, out_dir, args, judge):
     import utility
     path = Path(out_dir) / "utility.json"
     result = json.loads(path.read_text()) if path.exists() else {}
     wanted = [p for p in ("mmlu", "rep", "rgq") if p not in args.skip]
     if all(p in result for p in wanted):
         return result
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer = train.load_model(model_path, torch.bfloat16, device)
-    model.eval()
+    model, tokenizer = get_model()
     if "mmlu" in wanted and "mmlu" not in result:
         t0 = time.time()
         rows = utility.load_mmlu(args.mmlu_file, n=args.mmlu_n, seed=args.seed)
@@ -298,8 +307,7 @@ def utility_metrics(model_path, base_path, out_dir, args, judge):
         t0 = time.time()
         subset = instructions[:args.rgq_n]
         new = utility.generate_long(model, tokenizer, subset, args.rgq_tokens, args.batch_size)
-        del model
-        base_model, base_tok = train.load_model(base_path, torch.bfloat16, device)
+        base_model, base_tok = lazy_model(base_path)()
         base = utility.generate_long(base_model, base_tok, subset, args.rgq_tokens, args.batch_size)
         del base_model
         result.update({f"rgq_{k}": v for k, v in utility.rgq_eval(judge, subset, base, new).items()})
@@ -354,7 +362,8 @@ def evaluate_model(model_path, out_dir, args, judge, base_path):
     t0 = time.time()
     queries = [q for topic in args.topics for q in build_queries(topic, args.data_root, args.seed, args.limit)
                if q["set"] in args.sets]
-    answers = generate_answers(model_path, queries, out_dir, args.batch_size)
+    get_model = lazy_model(model_path)
+    answers = generate_answers(get_model, queries, out_dir, args.batch_size)
     t["generate_s"] = round(time.time() - t0, 1)
     for q in queries:
         q["answer"] = answers[q["id"]]
@@ -366,7 +375,7 @@ def evaluate_model(model_path, out_dir, args, judge, base_path):
             f.write(json.dumps(q, ensure_ascii=False) + "\n")
     (out_dir / "rows.jsonl.tmp").rename(out_dir / "rows.jsonl")
     t0 = time.time()
-    utility = utility_metrics(model_path, base_path, out_dir, args, judge) if len(args.skip) < 3 else {}
+    utility = utility_metrics(get_model, base_path, out_dir, args, judge) if len(args.skip) < 3 else {}
     t["utility_s"] = round(time.time() - t0, 1)
     if args.base_eval:
         t0 = time.time()
