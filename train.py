@@ -14,7 +14,6 @@ A killed run restarted with the same command continues from its last checkpoint.
 """
 import argparse
 import collections
-import contextlib
 import copy
 import importlib.util
 import json
@@ -121,9 +120,10 @@ def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False)
 
 
 @torch.inference_mode()
-def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progress=None):
+def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progress=None, cache=None):
     """Greedy answers for a list of prompt token-id lists. Left padding, prompts sorted by length and
-    batched; returns the decoded answers in input order (special tokens dropped)."""
+    batched; returns the decoded answers in input order (special tokens dropped). cache="static"
+    preallocates the KV cache (HF's static cache, compiled decoding where HF supports it)."""
     device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     answers = [None] * len(prompts)
@@ -139,7 +139,7 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
             mask[b, T - len(prompts[i]):] = 1
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
                              max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad,
-                             temperature=None, top_p=None, top_k=None)
+                             temperature=None, top_p=None, top_k=None, cache_implementation=cache)
         for b, i in enumerate(idx):
             answers[i] = tokenizer.decode(out[b, T:], skip_special_tokens=True).strip()
         if progress:
@@ -248,7 +248,7 @@ def export(model, tokenizer, config, folder, rank):
 # ----------------------------------------------------------------------------------------------
 # Forward passes
 
-def forward_views(model, seqs_by_view, pad_id, scheme, device, autocast, hidden_layer=None, min_k=0):
+def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None, min_k=0):
     """One forward over all views concatenated (one big batch is faster than one pass per view).
     Returns {view: {"logits" (B, K, V) fp32, "labels", "weights"[, "hidden" (B, K, d)]}} and the
     number of real tokens processed."""
@@ -263,9 +263,8 @@ def forward_views(model, seqs_by_view, pad_id, scheme, device, autocast, hidden_
             captured["h"] = output[0] if isinstance(output, tuple) else output
         handle = hidden_layer.register_forward_hook(hook)
     try:
-        with autocast():
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           position_ids=batch["position_ids"], logits_to_keep=K + 1, use_cache=False).logits
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"], logits_to_keep=K + 1, use_cache=False).logits
     finally:
         if handle is not None:
             handle.remove()
@@ -285,15 +284,15 @@ def forward_views(model, seqs_by_view, pad_id, scheme, device, autocast, hidden_
 def balance_alpha(L_f, L_r, logits):
     """Dynamic loss balancing (eq. 4): alpha = ||grad_z L_r|| / (||grad_z L_f|| + eps), gradients
     w.r.t. the logits z (no extra backward through the model), detached and global over ranks;
-    1 unless both losses exceed eps."""
-    if L_f.detach().item() <= BALANCE_EPS or L_r.detach().item() <= BALANCE_EPS:
-        return 1.0
-    g_f, = torch.autograd.grad(L_f, logits, retain_graph=True)
-    g_r, = torch.autograd.grad(L_r, logits, retain_graph=True)
+    1 unless both losses exceed eps. A 0-dim tensor: reading it on the host would stall the GPU."""
+    g_f, = torch.autograd.grad(L_f, logits, retain_graph=True, materialize_grads=True)
+    g_r, = torch.autograd.grad(L_r, logits, retain_graph=True, materialize_grads=True)
     sq = torch.stack([g_r.pow(2).sum(), g_f.pow(2).sum()])
     if dist.is_initialized():
         dist.all_reduce(sq)
-    return float(sq[0].sqrt() / (sq[1].sqrt() + BALANCE_EPS))
+    alpha = sq[0].sqrt() / (sq[1].sqrt() + BALANCE_EPS)
+    both_active = (L_f.detach() > BALANCE_EPS) & (L_r.detach() > BALANCE_EPS)
+    return torch.where(both_active, alpha, torch.ones_like(alpha))
 
 
 def decoder_layers(model):
@@ -367,9 +366,7 @@ class Trainer:
         self.args, self.rank, self.world, self.device = args, rank, world, device
         self.spec = losses.METHODS[args.method]
         self.ref_tokens = 0                              # tokens through the frozen model (benchmarks)
-        self.bf16 = args.precision == "bf16"
-        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if self.bf16 and world == 1 \
-            else contextlib.nullcontext
+        self.bf16 = args.precision == "bf16"   # bf16 compute over fp32 master weights (see run_stage)
 
     def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta):
         args, device = self.args, self.device
@@ -377,6 +374,10 @@ class Trainer:
                                       args.trust_remote_code)
         config = copy.deepcopy(model.config)
         model.config.use_cache = False
+        # Left padding leaves the first rows of short sequences with no key to attend to. CUDA SDPA kernels
+        # can return NaN gradients for such rows (pytorch#110213; seen here on H100 at a fixed batch for
+        # every method); eager attention masks with a finite minimum instead. Sequences are short (<=~400).
+        model.set_attn_implementation("eager")
         ref = None
         if self.spec["ref"] or args.method == "pdu":
             ref = copy.deepcopy(model).to(device=device, dtype=torch.bfloat16 if self.bf16 else torch.float32).eval()
@@ -386,13 +387,21 @@ class Trainer:
             self.setup_rmu(model, hp)
         if self.world > 1:
             model = shard_model(model.to(device), device, self.bf16)
-        model.train()
+        # `model` holds the fp32 master weights (optimizer, checkpoints, export); `compute` runs the
+        # forward and backward. On one device with bf16 it is a bf16 copy: its gradients are added into
+        # the masters' after every micro-batch and the updated masters are copied back after every step.
+        compute = model
+        if self.bf16 and self.world == 1:
+            compute = copy.deepcopy(model).to(torch.bfloat16)
+        shadow = [(m, c) for m, c in zip(model.parameters(), compute.parameters()) if m.requires_grad] \
+            if compute is not model else []
+        compute.train()
         if args.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            compute.gradient_checkpointing_enable()
         if args.compile:
             # Compile each decoder block (dynamic shapes: every batch has its own length). The step is
             # otherwise bound by Python dispatch of ~100 small ops per block (see the README benchmark).
-            for m in [model] + ([ref] if ref is not None else []):
+            for m in [compute] + ([ref] if ref is not None else []):
                 for block in decoder_layers(m):
                     block.compile(dynamic=True)
 
@@ -412,7 +421,7 @@ class Trainer:
         optimizer = torch.optim.AdamW(params, lr=hp["lr"], weight_decay=args.weight_decay,
                                       fused=device.type == "cuda")
         needs_retain = retain_key is not None and (self.spec["retain"] or hp["lambda_r"] > 0)
-        hidden_layer = decoder_layers(model)[hp["rmu_layer"]] if args.method == "rmu" else None
+        hidden_layer = decoder_layers(compute)[hp["rmu_layer"]] if args.method == "rmu" else None
         ref_hidden_layer = decoder_layers(ref)[hp["rmu_layer"]] if args.method == "rmu" else None
         cache = {}                                        # (view, pair index) -> reference seq log-prob
 
@@ -422,12 +431,17 @@ class Trainer:
             print0(f"pdu: base retain NLL -> eps = {hp['pdu_eps']:.4f}")
         if resume_meta and resume_meta["stage"] == stage_index:
             load_checkpoint(args.out, model, optimizer)
+            if shadow:
+                with torch.no_grad():
+                    torch._foreach_copy_([c for _, c in shadow], [m for m, _ in shadow])
             step, dual = resume_meta["step"], resume_meta["dual"]
             hp.update(resume_meta.get("hp_runtime", {}))
             print0(f"resumed {stage_name} at step {step}/{total}")
+        for m, _ in shadow:     # after loading: DCP leaves an optimizer without state alone when grads exist
+            m.grad = torch.zeros_like(m)
 
         log = open(Path(args.out) / "log.jsonl", "a") if self.rank == 0 else None
-        t0, tokens_seen, last_print = time.time(), 0, 0.0
+        t0, tokens_seen, last_print, skipped = time.time(), 0, 0.0, 0
         start_step = step
         profiler = None
         while step < total:
@@ -447,22 +461,36 @@ class Trainer:
             for micro in range(args.grad_accum):
                 lo = (micro * self.world + self.rank) * args.batch_size
                 indices = chunk[lo:lo + args.batch_size]
-                loss, stats, ntok = self.micro_step(model, ref, trainset, indices, epoch, hp, dual, tokenizer,
+                loss, stats, ntok = self.micro_step(compute, ref, trainset, indices, epoch, hp, dual, tokenizer,
                                                     needs_retain, hidden_layer, ref_hidden_layer, cache)
                 (loss / args.grad_accum).backward()
+                if shadow:
+                    used = [(m, c) for m, c in shadow if c.grad is not None]
+                    torch._foreach_add_([m.grad for m, _ in used], [c.grad for _, c in used])
+                    compute.zero_grad(set_to_none=True)
                 tokens_seen += ntok
                 step_tokens += ntok
                 for k, v in stats.items():
-                    stats_acc[k] += v / args.grad_accum
-            if dist.is_initialized():                       # log the global mean, not rank 0's share
-                keys = sorted(stats_acc)
-                t = torch.tensor([stats_acc[k] for k in keys], device=device, dtype=torch.float64)
-                dist.all_reduce(t)
-                stats_acc = dict(zip(keys, (t / self.world).tolist()))
+                    stats_acc[k] = stats_acc[k] + v / args.grad_accum
             grad_norm = torch.nn.utils.clip_grad_norm_(params, args.clip)
-            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+            # The step's single host sync: diagnostics stay on the GPU until here.
+            keys = sorted(stats_acc)
+            values = torch.stack([torch.as_tensor(stats_acc[k], dtype=torch.float32, device=device) for k in keys])
+            if dist.is_initialized():                       # log the global mean, not rank 0's share
+                dist.all_reduce(values)
+                values = values / self.world
+            *values, grad_norm = torch.cat([values, grad_norm.float().reshape(1).to(device)]).tolist()
+            stats_acc = dict(zip(keys, values))
+            if math.isfinite(grad_norm):
+                optimizer.step()
+            else:                                           # never let one bad batch poison the weights
+                skipped += 1
+                print0(f"[{stage_name}] step {step + 1}: non-finite gradient norm, update skipped ({skipped} so far)")
+            optimizer.zero_grad(set_to_none=not shadow)
+            if shadow:
+                with torch.no_grad():
+                    torch._foreach_copy_([c for _, c in shadow], [m for m, _ in shadow])
             step += 1
             if profiler and step == start_step + 3 + args.profile_steps:
                 profiler.__exit__(None, None, None)
@@ -479,7 +507,7 @@ class Trainer:
             elapsed = time.time() - t0
             record = {"stage": stage_name, "step": step, "epoch": epoch, "lr": lr, "grad_norm": grad_norm,
                       "step_time": time.time() - t_step, "tokens_per_s": tokens_seen / elapsed,
-                      "tokens": step_tokens, "ref_tokens": self.ref_tokens - ref_before,
+                      "tokens": step_tokens, "ref_tokens": self.ref_tokens - ref_before, "skipped_updates": skipped,
                       "peak_mem_gb": peak_memory_gb(self.device), **dual, **dict(stats_acc)}
             if log:
                 log.write(json.dumps(record) + "\n")
@@ -512,7 +540,7 @@ class Trainer:
                    hidden_layer, ref_hidden_layer, cache):
         args, spec, pad = self.args, self.spec, tokenizer.pad_token_id
         seqs = trainset.views(indices, spec["views"], needs_retain, epoch)
-        out, logits, ntok = forward_views(model, seqs, pad, spec["weights"], self.device, self.autocast, hidden_layer)
+        out, logits, ntok = forward_views(model, seqs, pad, spec["weights"], self.device, hidden_layer)
         for view, kind in spec["ref"].items():
             out["ref_" + view] = self.reference(ref, view, kind, seqs, indices, pad, ref_hidden_layer, cache,
                                                 logits.shape[1])
@@ -520,11 +548,11 @@ class Trainer:
         loss_f, loss_r, stats = spec["fn"](out, hp_now)
         L_f = loss_f.mean()
         L_r = loss_r.mean() if loss_r is not None else torch.zeros((), device=L_f.device)
-        alpha = 1.0
+        alpha = torch.ones((), device=L_f.device)
         if args.method == "jensunpp" and args.balance:
             alpha = balance_alpha(L_f, L_r, logits)
         loss = hp["lambda_f"] * alpha * L_f + hp_now["lambda_r"] * L_r
-        stats = {"loss": loss.detach().item(), "loss_forget": L_f.detach().item(), "loss_retain": L_r.detach().item(), "alpha": alpha, **stats}
+        stats = {"loss": loss.detach(), "loss_forget": L_f.detach(), "loss_retain": L_r.detach(), "alpha": alpha, **stats}
         return loss, stats, ntok
 
     @torch.no_grad()
@@ -535,13 +563,13 @@ class Trainer:
             missing = [b for b, i in enumerate(indices) if (view, i) not in cache]
             if missing:
                 sub = {view: [seqs[view][b] for b in missing]}
-                out, _, n = forward_views(ref, sub, pad, "uniform", self.device, self.autocast)
+                out, _, n = forward_views(ref, sub, pad, "uniform", self.device)
                 self.ref_tokens += n
                 values = losses.summed_logprob(out[view]["logits"], out[view]["labels"])
                 for b, v in zip(missing, values.tolist()):
                     cache[(view, indices[b])] = v
             return {"seq_logprob": torch.tensor([cache[(view, i)] for i in indices], device=self.device)}
-        out, _, n = forward_views(ref, {view: seqs[view]}, pad, "uniform", self.device, self.autocast,
+        out, _, n = forward_views(ref, {view: seqs[view]}, pad, "uniform", self.device,
                                   ref_hidden_layer if kind == "hidden" else None, min_k=K)
         self.ref_tokens += n
         return {kind: out[view][kind]}
@@ -553,7 +581,7 @@ class Trainer:
         for lo in range(0, len(trainset), 16):
             idx = list(range(lo, min(lo + 16, len(trainset))))
             seqs = trainset.views(idx, (), True, 0)
-            out, _, _ = forward_views(ref, seqs, tokenizer.pad_token_id, "uniform", self.device, self.autocast)
+            out, _, _ = forward_views(ref, seqs, tokenizer.pad_token_id, "uniform", self.device)
             r = out["retain"]
             total += float(losses.sequence_nll(r["logits"], r["labels"], r["weights"]).sum())
             n += len(idx)

@@ -12,7 +12,6 @@ Utility Evaluation" and the NLL figure of appendix "Does Llama know the question
 
 Nothing here trains; every function is one batched forward (or train.generate) per batch.
 """
-import contextlib
 import csv
 import importlib.util
 import json
@@ -245,7 +244,7 @@ def answer_nll(model, tokenizer, rows, batch_size=32):
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         out, _, _ = train.forward_views(model, {"answer": [seqs[i] for i in idx]}, tokenizer.pad_token_id,
-                                        "uniform", device, contextlib.nullcontext)
+                                        "uniform", device)
         v = out["answer"]
         values = losses.sequence_nll(v["logits"], v["labels"], v["weights"])  # (B,)
         for i, value in zip(idx, values.tolist()):

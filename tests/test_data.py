@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import data
+import losses
 from conftest import FIXTURE
 
 TOPIC = "challenger_disaster"
@@ -218,12 +219,18 @@ def test_injection_set_holds_every_wording_once():
 
 
 def test_run_all_dry_run_prints_every_block():
+    import os
     import subprocess
+    import sys
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     out = subprocess.run(["bash", str(data.HERE / "run_all.sh"), "--dry-run", "all"], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     for block in ("small", "sweeps", "single", "sequential", "joint", "relearn", "ablations"):
         assert f"### block {block}" in out.stdout
     commands = [l for l in out.stdout.splitlines() if l.startswith("+ ")]
     assert any("--relearn-set inject" in c for c in commands)
+    sweep = [c for c in commands if "train.py" in c and "runs/small/sweep/" in c]
+    assert len(sweep) == 12 * 3 and {c.split("--method ")[1].split()[0] for c in sweep} == set(losses.METHODS) - {"nll"}
+    assert sum("evaluate.py --table runs/small/results.md" in c for c in commands) == 2
     assert sum("--mode sequential" in c for c in commands) == 15          # 5 methods x 3 models

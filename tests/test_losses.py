@@ -78,7 +78,7 @@ def test_dpo_by_hand():
     expected = -(2 / beta) * math.log(1 / (1 + math.exp(-beta * margin)))
     f, _, stats = losses.dpo(out, {"beta": beta})
     assert f.item() == pytest.approx(expected, rel=1e-5)
-    assert stats["margin"] == pytest.approx(margin, rel=1e-5)
+    assert float(stats["margin"]) == pytest.approx(margin, rel=1e-5)
 
 
 def test_simnpo_by_hand():
@@ -202,6 +202,6 @@ def test_balance_alpha_is_ratio_of_logit_gradient_norms():
     L_r = (logits[2:] * 3).sum()
     g_f = 0.2 * logits[:2].detach()
     expected = torch.full((2, 3, 7), 3.0).norm() / (g_f.norm() + 1e-5)
-    assert train.balance_alpha(L_f, L_r, logits) == pytest.approx(expected.item(), rel=1e-5)
+    assert float(train.balance_alpha(L_f, L_r, logits)) == pytest.approx(expected.item(), rel=1e-5)
     tiny = torch.tensor(1e-6, requires_grad=True)
-    assert train.balance_alpha(tiny * 1.0, L_r, logits) == 1.0      # below the 1e-5 threshold
+    assert float(train.balance_alpha(tiny * 1.0, L_r, logits)) == 1.0      # below the 1e-5 threshold

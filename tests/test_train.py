@@ -96,6 +96,46 @@ def test_kill_and_resume_equals_uninterrupted(tiny_model_path, tmp_path, monkeyp
     assert not (tmp_path / "killed" / "checkpoint").exists()
 
 
+def test_bf16_compute_copy_keeps_fp32_masters_and_resumes(tiny_model_path, tmp_path, monkeypatch):
+    """--precision bf16 runs forward and backward on a bf16 copy and updates fp32 masters: steps of
+    ~1e-7 (far below bf16's spacing at these weights) survive in the exported fp32 weights, and a
+    killed-and-resumed bf16 run ends where the uninterrupted one does (the copy is rebuilt from the
+    masters)."""
+    args = ("--lr", "1e-7", "--max-steps", "4", "--save-every", "2", "--precision", "bf16")
+    log = run(tiny_model_path, tmp_path / "full", "jensunpp", *args)
+    assert all(math.isfinite(r["loss"]) for r in log)
+    before, after = weights(tiny_model_path), weights(tmp_path / "full" / "final")
+    step = max((after[k] - before[k]).abs().max().item() for k in after)
+    assert 0 < step < 1e-5, step
+    moved = [k for k in after if not torch.equal(after[k], before[k])]
+    assert any(not torch.equal(after[k], after[k].bfloat16().float()) for k in moved)
+    monkeypatch.setenv("SUITE_CRASH_AFTER_STEP", "3")
+    with pytest.raises(SystemExit):
+        run(tiny_model_path, tmp_path / "killed", "jensunpp", *args)
+    monkeypatch.delenv("SUITE_CRASH_AFTER_STEP")
+    run(tiny_model_path, tmp_path / "killed", "jensunpp", *args)
+    resumed = weights(tmp_path / "killed" / "final")
+    for k in after:
+        assert torch.equal(after[k], resumed[k]), k
+
+
+def test_non_finite_gradient_skips_the_update(tiny_model_path, tmp_path, monkeypatch):
+    """A batch whose gradient is NaN (seen on CUDA) is not applied: the step is logged as skipped and
+    the weights stay finite."""
+    calls = []
+    original = losses.METHODS["nll"]["fn"]
+
+    def poisoned(out, hp):
+        loss_f, loss_r, stats = original(out, hp)
+        calls.append(1)
+        return (loss_f * float("nan") if len(calls) == 2 else loss_f), loss_r, stats
+
+    monkeypatch.setitem(losses.METHODS["nll"], "fn", poisoned)
+    log = run(tiny_model_path, tmp_path / "run", "nll", "--lr", "1e-3", "--max-steps", "3", "--grad-accum", "1")
+    assert [r["skipped_updates"] for r in log] == [0, 1, 1]
+    assert all(torch.isfinite(w).all() for w in weights(tmp_path / "run" / "final").values())
+
+
 def test_sequential_two_topics(tiny_model_path, tmp_path, two_topic_root):
     root = two_topic_root
     out = tmp_path / "seq"
