@@ -25,9 +25,11 @@ MINISTRAL=${MINISTRAL:-mistralai/Ministral-3-3B-Instruct-2512-BF16}
 QWEN=${QWEN:-Qwen/Qwen3.5-9B}
 METHODS_ALL="graddiff jensun npo pdu rmu satimp simnpo undial wga jensunpp dpo ga"
 METHODS_TOP5="graddiff jensun npo pdu jensunpp"        # the five methods of the multi-model tables
-JOBS=${JOBS:-8}                                         # block small: runs sharing the one GPU
+JOBS=${JOBS:-12}                                        # block small: runs sharing the one GPU
 SMALL_LR_FACTORS=${SMALL_LR_FACTORS:-"3 10 30"}         # block small: multiples of each method's Llama LR
-SMALL_TRAIN_ARGS=${SMALL_TRAIN_ARGS:-}                  # block small: extra train.py flags (e.g. --epochs 10)
+# block small: extra train.py flags. Batch 8 without accumulation is the paper's effective batch (4 x 2)
+# in one micro-batch: the same update up to rounding, about half the GPU launches per step.
+SMALL_TRAIN_ARGS=${SMALL_TRAIN_ARGS:---batch-size 8 --grad-accum 1}
 
 run() { echo "+ $*"; if [ $DRY = 0 ]; then "$@"; fi; }
 train() { run torchrun --nproc_per_node="$NGPU" train.py "$@"; }
@@ -49,7 +51,7 @@ block_small() {
   # Small-scale reproduction on one GPU (README, "Small-scale reproduction"). SmolLM2-135M-Instruct
   # does not know SUITE's facts, so first inject them: fine-tune on every Challenger question (train and
   # eval wordings) and the retain rows. Then unlearn the injected model with every method on the
-  # training split only, at the paper's settings (20 epochs, batch 4 x 2, lambdas of losses.HPARAMS)
+  # training split only, at the paper's settings (20 epochs, batch 8 = 4 x 2, lambdas of losses.HPARAMS)
   # and three learning rates per method (its Llama LR from the paper x $SMALL_LR_FACTORS); pick per
   # method the run with the highest Retain - Q_All; add repetitiveness for the picked runs; one table.
   # Heuristic judge throughout (approximate); no RGQ (the heuristic judge cannot compare open answers).
