@@ -123,7 +123,7 @@ def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False)
 def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progress=None, cache=None):
     """Greedy answers for a list of prompt token-id lists. Left padding, prompts sorted by length and
     batched; returns the decoded answers in input order (special tokens dropped). cache="static"
-    preallocates the KV cache (HF's static cache, compiled decoding where HF supports it)."""
+    preallocates the KV cache (HF's static cache) instead of growing it every token."""
     device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     answers = [None] * len(prompts)
@@ -374,9 +374,10 @@ class Trainer:
                                       args.trust_remote_code)
         config = copy.deepcopy(model.config)
         model.config.use_cache = False
-        # Left padding leaves the first rows of short sequences with no key to attend to. CUDA SDPA kernels
-        # can return NaN gradients for such rows (pytorch#110213; seen here on H100 at a fixed batch for
-        # every method); eager attention masks with a finite minimum instead. Sequences are short (<=~400).
+        # Eager attention for training: with SDPA every method got NaN gradients at the same batch on an
+        # H100 (README, small-scale reproduction), most likely CUDA SDPA's backward on the rows that left
+        # padding leaves with no key to attend to; eager attention masks with a finite minimum, and the
+        # 12 runs that used it passed that batch. Sequences are short (at most a few hundred tokens).
         model.set_attn_implementation("eager")
         ref = None
         if self.spec["ref"] or args.method == "pdu":
