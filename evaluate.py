@@ -404,9 +404,9 @@ def table_entry(arg):
         sys.exit(f"{folder}: no metrics.json (evaluate it first)")
     entry = {"label": label, "dir": folder, "method": None, "lr": None,
              "metrics": json.loads((folder / "metrics.json").read_text())}
-    cfg = folder.parent.parent / "config.json"
-    if cfg.exists() and "method" in json.loads(cfg.read_text()):
-        cfg = json.loads(cfg.read_text())
+    cfg_path = folder.parent.parent / "config.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    if "method" in cfg:
         entry["method"], entry["lr"] = cfg["method"], cfg["hparams"]["lr"]
     entry["label"] = entry["label"] or entry["method"] or folder.name
     return entry

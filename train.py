@@ -396,6 +396,11 @@ class Trainer:
             compute = copy.deepcopy(model).to(torch.bfloat16)
         shadow = [(m, c) for m, c in zip(model.parameters(), compute.parameters()) if m.requires_grad] \
             if compute is not model else []
+
+        @torch.no_grad()
+        def copy_masters_to_compute():
+            if shadow:
+                torch._foreach_copy_([c for _, c in shadow], [m for m, _ in shadow])
         compute.train()
         if args.gradient_checkpointing:
             compute.gradient_checkpointing_enable()
@@ -432,9 +437,7 @@ class Trainer:
             print0(f"pdu: base retain NLL -> eps = {hp['pdu_eps']:.4f}")
         if resume_meta and resume_meta["stage"] == stage_index:
             load_checkpoint(args.out, model, optimizer)
-            if shadow:
-                with torch.no_grad():
-                    torch._foreach_copy_([c for _, c in shadow], [m for m, _ in shadow])
+            copy_masters_to_compute()
             step, dual = resume_meta["step"], resume_meta["dual"]
             hp.update(resume_meta.get("hp_runtime", {}))
             print0(f"resumed {stage_name} at step {step}/{total}")
@@ -489,9 +492,7 @@ class Trainer:
                 skipped += 1
                 print0(f"[{stage_name}] step {step + 1}: non-finite gradient norm, update skipped ({skipped} so far)")
             optimizer.zero_grad(set_to_none=not shadow)
-            if shadow:
-                with torch.no_grad():
-                    torch._foreach_copy_([c for _, c in shadow], [m for m, _ in shadow])
+            copy_masters_to_compute()
             step += 1
             if profiler and step == start_step + 3 + args.profile_steps:
                 profiler.__exit__(None, None, None)
