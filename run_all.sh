@@ -2,7 +2,7 @@
 # The paper's experiments as runnable blocks (sections 3-5, appendix B and C).
 #
 #   ./run_all.sh --dry-run all           # print every command of every block
-#   ./run_all.sh small                    # the small-scale reproduction on SmolLM2 (one GPU, ~30 min)
+#   ./run_all.sh small                    # the small-scale reproduction on SmolLM2 (one GPU; ~25 min, estimated)
 #   NGPU=4 JUDGE_URL=http://127.0.0.1:8000/v1 ./run_all.sh sweeps single
 #
 # Blocks: small sweeps single sequential joint relearn ablations. Each block can run alone; the
@@ -25,7 +25,8 @@ MINISTRAL=${MINISTRAL:-mistralai/Ministral-3-3B-Instruct-2512-BF16}
 QWEN=${QWEN:-Qwen/Qwen3.5-9B}
 METHODS_ALL="graddiff jensun npo pdu rmu satimp simnpo undial wga jensunpp dpo ga"
 METHODS_TOP5="graddiff jensun npo pdu jensunpp"        # the five methods of the multi-model tables
-JOBS=${JOBS:-12}                                        # block small: runs sharing the one GPU
+SMALL_METHODS=${SMALL_METHODS:-$METHODS_ALL}            # block small: the methods to unlearn with
+JOBS=${JOBS:-5}        # block small: methods at a time, each training its learning rates side by side
 SMALL_LR_FACTORS=${SMALL_LR_FACTORS:-"3 10 30"}         # block small: multiples of each method's Llama LR
 # block small: extra train.py flags. Batch 8 without accumulation is the paper's effective batch (4 x 2)
 # in one micro-batch: the same update up to rounding, about half the GPU launches per step.
@@ -53,29 +54,33 @@ block_small() {
   # eval wordings) and the retain rows. Then unlearn the injected model with every method on the
   # training split only, at the paper's settings (20 epochs, batch 8 = 4 x 2, lambdas of losses.HPARAMS)
   # and three learning rates per method (its Llama LR from the paper x $SMALL_LR_FACTORS); pick per
-  # method the run with the highest Retain - Q_All; add repetitiveness for the picked runs; one table.
+  # method the run with the highest Retain - Q_All; add repetitiveness for the picked run; one table.
   # Heuristic judge throughout (approximate); no RGQ (the heuristic judge cannot compare open answers).
-  # Resumable: finished trainings and evaluations are skipped. JOBS runs share the GPU.
+  # One pool job per method (its learning rates train side by side), so every method that finishes is
+  # complete; $SMALL_METHODS picks a subset (e.g. to split the block over two machines: the injection
+  # is deterministic). Resumable: finished trainings and evaluations are skipped.
   local out=$RUNS/small ev="--topics challenger_disaster --judge heuristic --batch-size 256 ${MMLU_FILE:+--mmlu-file $MMLU_FILE}"
-  local inject=$out/injected/final m lr
+  local inject=$out/injected/final m lr d lr_table
+  local -A lrs=()
+  lr_table=$(python -c "import losses
+for m in '$SMALL_METHODS'.split():
+    print(m, *('%.2g' % (losses.resolve_hparams(m, 'llama')['lr'] * float(f)) for f in '$SMALL_LR_FACTORS'.split()))")
+  while read -r m lr; do lrs[$m]=$lr; done <<< "$lr_table"
   run python train.py --method nll --relearn-set inject --model smollm2 --topics challenger_disaster \
-      --lr 1e-4 --epochs 4 --batch-size 16 --out "$out/injected"
-  { echo "[ -f $out/eval_base/metrics.json ] || python evaluate.py smollm2 $ev --skip rgq --out $out/eval_base > $out/eval_base.log 2>&1"
-    echo "[ -f $out/eval_injected/metrics.json ] || python evaluate.py $inject $ev --skip rgq --out $out/eval_injected > $out/eval_injected.log 2>&1"
-    python -c "import losses
-for f in '$SMALL_LR_FACTORS'.split():      # one LR for every method first: a cut-short run covers all
-    for m in '$METHODS_ALL'.split():
-        print(m, '%.2g' % (losses.resolve_hparams(m, 'llama')['lr'] * float(f)))" | while read -r m lr; do
-        echo "python train.py --method $m --model $inject --topics challenger_disaster --lr $lr $SMALL_TRAIN_ARGS --print-every 60 --out $out/sweep/$m-lr$lr > $out/sweep/$m-lr$lr.log 2>&1 && { [ -f $out/sweep/$m-lr$lr/eval/final/metrics.json ] || python evaluate.py $out/sweep/$m-lr$lr $ev --skip rep rgq >> $out/sweep/$m-lr$lr.log 2>&1; }"
-    done; } | { [ $DRY = 1 ] || mkdir -p "$out/sweep"; pool || echo "the table below holds the runs that finished"; }
-  local table="python evaluate.py --table $out/results.md --runs base=$out/eval_base injected=$out/eval_injected"
-  finished() { ls "$out"/sweep/*/eval/final/metrics.json 2>/dev/null | sed 's|/metrics.json$||' || echo "$out/sweep/METHOD-lrLR/eval/final"; }
-  run $table $(finished)
-  # repetitiveness (500 x 1000 tokens) for the picked runs; MMLU and the answers are reused from the sweep
-  { if [ -f "$out/results.selected" ]; then
-      while read -r d; do echo "python evaluate.py ${d%/eval/final} $ev --skip rgq >> ${d%/eval/final}.log 2>&1"; done < "$out/results.selected"
-    else echo "python evaluate.py <each run of $out/results.selected> $ev --skip rgq"; fi; } | pool
-  run $table $(finished)
+      --lr 1e-4 --epochs 4 --batch-size 16 --deterministic --out "$out/injected"
+  { echo "{ [ -f $out/eval_base/metrics.json ] || python evaluate.py smollm2 $ev --skip rgq --out $out/eval_base > $out/eval_base.log 2>&1; }; [ -f $out/eval_injected/metrics.json ] || python evaluate.py $inject $ev --skip rgq --out $out/eval_injected > $out/eval_injected.log 2>&1"
+    for m in $SMALL_METHODS; do
+      local line=""
+      for lr in ${lrs[$m]}; do
+        d=$out/sweep/$m-lr$lr
+        line+="{ python train.py --method $m --model $inject --topics challenger_disaster --lr $lr $SMALL_TRAIN_ARGS --print-every 60 --out $d > $d.log 2>&1 && { [ -f $d/eval/final/metrics.json ] || python evaluate.py $d $ev --skip rep rgq >> $d.log 2>&1; }; } & "
+      done
+      # then the method's pick (its sweep table), and repetitiveness for it (answers and MMLU are reused)
+      echo "$line""wait; python evaluate.py --table $out/sweep/$m.md --runs \$(ls -d $out/sweep/$m-lr*/eval/final) > /dev/null && while read -r d; do python evaluate.py \${d%/eval/final} $ev --skip rgq >> \${d%/eval/final}.log 2>&1; done < $out/sweep/$m.selected"
+    done; } | { [ $DRY = 1 ] || mkdir -p "$out/sweep"; pool || echo "the table below holds the methods that finished"; }
+  local finished
+  finished=$(ls -d "$out"/sweep/*/eval/final 2>/dev/null || echo "$out/sweep/METHOD-lrLR/eval/final")
+  run python evaluate.py --table "$out/results.md" --runs base="$out/eval_base" injected="$out/eval_injected" $finished
 }
 
 block_sweeps() {

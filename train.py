@@ -41,6 +41,7 @@ REFUSAL_PREFIX = "Unfortunately, "
 JENSUN_REFUSAL = "No idea"
 FALLBACK_REFUSAL = "I don't have that information."
 BALANCE_EPS = 1e-5
+STATIC_PAD = 64               # generate(cache="static"): prompt lengths rounded up to this
 
 
 def print0(*args, **kwargs):
@@ -123,7 +124,9 @@ def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False)
 def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progress=None, cache=None):
     """Greedy answers for a list of prompt token-id lists. Left padding, prompts sorted by length and
     batched; returns the decoded answers in input order (special tokens dropped). cache="static"
-    preallocates the KV cache (HF's static cache) instead of growing it every token."""
+    preallocates the KV cache (HF's static cache; on CUDA, transformers then compiles the decoding
+    step): prompts are left-padded to a multiple of STATIC_PAD tokens and every batch is filled to
+    batch_size with copies of its last prompt, so only a few shapes are ever compiled."""
     device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     answers = [None] * len(prompts)
@@ -132,9 +135,13 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         T = max(len(prompts[i]) for i in idx)
-        ids = torch.full((len(idx), T), pad, dtype=torch.long)
-        mask = torch.zeros((len(idx), T), dtype=torch.long)
-        for b, i in enumerate(idx):
+        rows = len(idx)
+        if cache == "static":
+            T = -(-T // STATIC_PAD) * STATIC_PAD
+            rows = batch_size
+        ids = torch.full((rows, T), pad, dtype=torch.long)
+        mask = torch.zeros((rows, T), dtype=torch.long)
+        for b, i in enumerate(idx + [idx[-1]] * (rows - len(idx))):
             ids[b, T - len(prompts[i]):] = torch.tensor(prompts[i])
             mask[b, T - len(prompts[i]):] = 1
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
@@ -446,6 +453,7 @@ class Trainer:
 
         log = open(Path(args.out) / "log.jsonl", "a") if self.rank == 0 else None
         t0, tokens_seen, last_print, skipped = time.time(), 0, 0.0, 0
+        last_save = t0
         start_step = step
         profiler = None
         while step < total:
@@ -479,12 +487,15 @@ class Trainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, args.clip)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
             # The step's single host sync: diagnostics stay on the GPU until here.
+            # The checkpoint clock travels with them, so that every rank decides to save at the same step.
             keys = sorted(stats_acc)
-            values = torch.stack([torch.as_tensor(stats_acc[k], dtype=torch.float32, device=device) for k in keys])
+            due = args.save_minutes > 0 and time.time() - last_save >= 60 * args.save_minutes
+            values = torch.stack([torch.as_tensor(stats_acc[k], dtype=torch.float32, device=device) for k in keys]
+                                 + [torch.tensor(float(due), device=device)])
             if dist.is_initialized():                       # log the global mean, not rank 0's share
                 dist.all_reduce(values)
                 values = values / self.world
-            *values, grad_norm = torch.cat([values, grad_norm.float().reshape(1).to(device)]).tolist()
+            *values, due, grad_norm = torch.cat([values, grad_norm.float().reshape(1).to(device)]).tolist()
             stats_acc = dict(zip(keys, values))
             if math.isfinite(grad_norm):
                 optimizer.step()
@@ -521,11 +532,12 @@ class Trainer:
                 print0(f"[{stage_name}] step {step}/{total} ep {epoch + 1} lr {lr:.2e} {shown} "
                        f"gnorm {grad_norm:.3g} {record['tokens_per_s']:.0f} tok/s eta {eta / 60:.1f} min")
             last = step == total
-            if last or (args.save_every and step % args.save_every == 0):
+            if last or due > 0 or (args.save_every and step % args.save_every == 0):
                 meta = {"stage": stage_index, "step": step, "dual": dual, "refusal": refusal,
                         "hp_runtime": {k: hp[k] for k in ("pdu_eps",) if k in hp}}
                 if not last:
                     save_checkpoint(args.out, model, optimizer, meta, self.rank)
+                    last_save = time.time()
             if os.environ.get("SUITE_CRASH_AFTER_STEP") == str(step):   # fault injection for the resume test
                 raise SystemExit(f"SUITE_CRASH_AFTER_STEP: stopping abruptly after step {step}")
         if log:
@@ -638,7 +650,11 @@ def parse_args(argv=None):
                    help="what --method nll trains on (inject: every question in every wording, to give a "
                         "small model the knowledge to unlearn)")
     p.add_argument("--max-steps", type=int, default=None, help="stop each stage after this many steps (smoke runs)")
-    p.add_argument("--save-every", type=int, default=50, help="checkpoint every N optimizer steps (0: never)")
+    p.add_argument("--save-minutes", type=float, default=10.0,
+                   help="checkpoint when this many minutes have passed since the last one (0: never). A checkpoint "
+                        "holds the fp32 weights and Adam's two moments, 12 bytes per parameter (38 GB for a 3B model): "
+                        "every 50 steps it took ~30%% of the wall time even of SmolLM2's sweep runs (README)")
+    p.add_argument("--save-every", type=int, default=0, help="also checkpoint every N optimizer steps (0: never)")
     p.add_argument("--print-every", type=float, default=5.0, help="seconds between progress lines")
     p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--gradient-checkpointing", action="store_true")
@@ -646,6 +662,9 @@ def parse_args(argv=None):
     p.add_argument("--compile", action="store_true", help="torch.compile each decoder block (GPU speed)")
     p.add_argument("--profile-steps", type=int, default=0, help="profile this many steps after 3 warm-up steps")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels where torch has them (torch.use_deterministic_algorithms; others "
+                        "warn), so that a rerun reproduces the weights on the same hardware (the small block's injection)")
     p.add_argument("--trust-remote-code", action="store_true")
     args = p.parse_args(argv)
     relearn = args.method == "nll"
@@ -658,6 +677,17 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    previous = torch.are_deterministic_algorithms_enabled()
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")      # read when cuBLAS starts
+        torch.use_deterministic_algorithms(True, warn_only=True)         # warns for ops that have no such kernel
+    try:
+        run(args)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def run(args):
     rank, world, device = setup_distributed()
     torch.manual_seed(args.seed)
     random.seed(args.seed)

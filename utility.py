@@ -203,10 +203,10 @@ def load_instructions(path=None, n=None):
     return [row["instruction"] for row in rows][:n]
 
 
-def generate_long(model, tokenizer, instructions, max_new_tokens=1000, batch_size=16, progress=None):
+def generate_long(model, tokenizer, instructions, max_new_tokens=1000, batch_size=16, progress=None, cache=None):
     """Greedy answers to the instructions through the chat template (paper: up to 1000 new tokens)."""
     prompts = [data.prompt_ids(tokenizer, text) for text in instructions]
-    return train.generate(model, tokenizer, prompts, max_new_tokens, batch_size, progress)
+    return train.generate(model, tokenizer, prompts, max_new_tokens, batch_size, progress, cache)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -230,7 +230,10 @@ def test_run_all_dry_run_prints_every_block():
         assert f"### block {block}" in out.stdout
     commands = [l for l in out.stdout.splitlines() if l.startswith("+ ")]
     assert any("--relearn-set inject" in c for c in commands)
+    # block small: one pool job per method, its three learning rates side by side, then its pick's Rep
     sweep = [c for c in commands if "train.py" in c and "runs/small/sweep/" in c]
-    assert len(sweep) == 12 * 3 and {c.split("--method ")[1].split()[0] for c in sweep} == set(losses.METHODS) - {"nll"}
-    assert sum("evaluate.py --table runs/small/results.md" in c for c in commands) == 2
+    assert len(sweep) == 12 and sum(c.count("python train.py --method") for c in sweep) == 12 * 3
+    assert {c.split("--method ")[1].split()[0] for c in sweep} == set(losses.METHODS) - {"nll"}
+    assert all(c.count("--skip rep rgq") == 3 and c.endswith(".selected") for c in sweep)
+    assert sum("evaluate.py --table runs/small/results.md" in c for c in commands) == 1
     assert sum("--mode sequential" in c for c in commands) == 15          # 5 methods x 3 models

@@ -96,6 +96,23 @@ def test_kill_and_resume_equals_uninterrupted(tiny_model_path, tmp_path, monkeyp
     assert not (tmp_path / "killed" / "checkpoint").exists()
 
 
+def test_checkpoint_clock_and_deterministic_flag(tiny_model_path, tmp_path, monkeypatch):
+    """--save-minutes checkpoints by wall time (a tiny interval: after every step), 0 never;
+    --deterministic switches torch's deterministic mode on for the run only."""
+    monkeypatch.setenv("SUITE_CRASH_AFTER_STEP", "3")
+    with pytest.raises(SystemExit):
+        run(tiny_model_path, tmp_path / "clock", "graddiff", "--max-steps", "5", "--save-minutes", "1e-9",
+            "--deterministic")
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert json.loads((tmp_path / "clock" / "checkpoint" / "meta.json").read_text())["step"] == 3
+    with pytest.raises(SystemExit):
+        run(tiny_model_path, tmp_path / "never", "graddiff", "--max-steps", "5", "--save-minutes", "0")
+    assert not (tmp_path / "never" / "checkpoint").exists()
+    monkeypatch.delenv("SUITE_CRASH_AFTER_STEP")
+    log = run(tiny_model_path, tmp_path / "clock", "graddiff", "--max-steps", "5", "--save-minutes", "1e-9")
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5]            # resumed after step 3
+
+
 def test_bf16_compute_copy_keeps_fp32_masters_and_resumes(tiny_model_path, tmp_path, monkeypatch):
     """--precision bf16 runs forward and backward on a bf16 copy and updates fp32 masters: steps of
     ~1e-7 (far below bf16's spacing at these weights) survive in the exported fp32 weights, and a

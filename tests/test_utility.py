@@ -85,6 +85,17 @@ def test_generate_long_on_tiny_model(tiny):
     assert len(out) == 2 and all(isinstance(t, str) for t in out)
 
 
+def test_static_cache_generation_matches_dynamic(tiny):
+    """cache="static" left-pads prompts to a multiple of train.STATIC_PAD and fills the last batch with
+    copies: greedy answers must not change, and the filler rows must not come back."""
+    model, tokenizer = tiny
+    texts = ["Say hi.", "Write a long story about the sea and the ships on it, please.", "Name a colour.",
+             "Count to three.", "What is two plus two?"]
+    dynamic = utility.generate_long(model, tokenizer, texts, max_new_tokens=6, batch_size=2)
+    static = utility.generate_long(model, tokenizer, texts, max_new_tokens=6, batch_size=2, cache="static")
+    assert len(static) == len(texts) and static == dynamic
+
+
 # ----------------------------------------------------------------------------------------------
 # MMLU
 
