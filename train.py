@@ -128,6 +128,9 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
     step): prompts are left-padded to a multiple of STATIC_PAD tokens and every batch is filled to
     batch_size with copies of its last prompt, so only a few shapes are ever compiled."""
     device = next(model.parameters()).device
+    if cache == "static" and not getattr(model, "_can_compile_fullgraph", False):
+        print(f"generate: {type(model).__name__} does not support a static KV cache; using the dynamic one", flush=True)
+        cache = None
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     answers = [None] * len(prompts)
     stop = [tokenizer.eos_token_id, data.end_of_turn_id(tokenizer)]
