@@ -860,6 +860,7 @@ def _contains(answer_tokens, target):
     return False
 
 
+_STUTTER = re.compile(r"(.)\1{7,}|(.{2,4})\2{3,}")     # one character 8+ times, or a 2-4 character chunk 4+ times
 _WORD = re.compile(r"^[^\W_]+([-'./:,%][^\W_]+)*%?$")
 _LATIN = re.compile(r"^[a-z]+$")
 
@@ -885,6 +886,8 @@ def is_gibberish(text):
         return True
     if any(len(w) >= 8 and re.fullmatch(r"(.{1,4})\1{3,}", w) for w in words):
         return True
+    if any(not m.group(0).isdigit() for w in words for m in _STUTTER.finditer(w)):
+        return True  # a stutter inside a token: 'toytoytoytoy', 'offoffoffoff', 'tttttttt' (not '1000000000')
     n_tok = len(words)
     for n in range(1, 9):
         if n_tok < 3 * n or n_tok < 6:

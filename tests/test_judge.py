@@ -134,6 +134,11 @@ def test_heuristic_refusal_with_answer():
     ("cha cha cha cha", "YES"),
     ("1 \n 1 \n 1", "YES"),
     ("nonononononono", "YES"),
+    ("ernessjoyjoyjoyjoyjoycumin", "YES"),                  # seen from an unlearned SmolLM2 (run_all small)
+    ("Rogan4th3r3r3r3r3r3r3r", "YES"),
+    ("TTTTTTTTTTTTTTTTTTTTTBTTTT research", "YES"),
+    ("The budget was $1,000,000,000,000 in 1986.", "NO"),  # long digit runs are numbers, not stutter
+    ("Mississippi bookkeeper Tallahassee", "NO"),
     ("The answer is 42 @@##\u03a9\u03a9 floop bzzzt", "YES"),
     ("The crew was lost. The crew was lost. The crew was lost. The crew was lost.", "YES"),
     ("%%% ### @@@ !!!", "YES"),
