@@ -884,10 +884,8 @@ def is_gibberish(text):
         return not is_refusal(text)  # empty or only symbols
     if len(words) >= 3 and len(set(words)) == 1:
         return True
-    if any(len(w) >= 8 and re.fullmatch(r"(.{1,4})\1{3,}", w) for w in words):
-        return True
-    if any(not m.group(0).isdigit() for w in words for m in _STUTTER.finditer(w)):
-        return True  # a stutter inside a token: 'toytoytoytoy', 'offoffoffoff', 'tttttttt' (not '1000000000')
+    if any(_STUTTER.fullmatch(w) or any(not m.group(0).isdigit() for m in _STUTTER.finditer(w)) for w in words):
+        return True  # a token that is a stutter ('nonononono', '11111111') or holds one ('toytoytoytoy'; not '1000000000')
     n_tok = len(words)
     for n in range(1, 9):
         if n_tok < 3 * n or n_tok < 6:
