@@ -76,10 +76,10 @@ for m in '$SMALL_METHODS'.split():
         line+="{ python train.py --method $m --model $inject --topics challenger_disaster --lr $lr $SMALL_TRAIN_ARGS --print-every 60 --out $d > $d.log 2>&1 && { [ -f $d/eval/final/metrics.json ] || python evaluate.py $d $ev --skip rep rgq >> $d.log 2>&1; }; } & "
       done
       # then the method's pick (its sweep table), and repetitiveness for it (answers and MMLU are reused)
-      echo "$line""wait; python evaluate.py --table $out/sweep/$m.md --runs \$(ls -d $out/sweep/$m-lr*/eval/final) > /dev/null && while read -r d; do python evaluate.py \${d%/eval/final} $ev --skip rgq >> \${d%/eval/final}.log 2>&1; done < $out/sweep/$m.selected"
+      echo "$line""wait; python evaluate.py --table $out/sweep/$m.md --runs \$(dirname $out/sweep/$m-lr*/eval/final/metrics.json) > /dev/null && while read -r d; do python evaluate.py \${d%/eval/final} $ev --skip rgq >> \${d%/eval/final}.log 2>&1; done < $out/sweep/$m.selected"
     done; } | { [ $DRY = 1 ] || mkdir -p "$out/sweep"; pool || echo "the table below holds the methods that finished"; }
   local finished
-  finished=$(ls -d "$out"/sweep/*/eval/final 2>/dev/null || echo "$out/sweep/METHOD-lrLR/eval/final")
+  finished=$(ls "$out"/sweep/*/eval/final/metrics.json 2>/dev/null | xargs -r dirname || echo "$out/sweep/METHOD-lrLR/eval/final")
   run python evaluate.py --table "$out/results.md" --runs base="$out/eval_base" injected="$out/eval_injected" $finished
 }
 
