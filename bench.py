@@ -7,13 +7,21 @@ its config; no download) on real SUITE Challenger batches at the paper's setting
 
 Parts: train (s/step, tokens/s, model FLOP utilisation, peak memory, projected time of one topic:
 20 epochs), gen (every evaluation answer of one topic: forget wordings x 2 formats, adversarial,
-retain; 50 new tokens), mmlu (2,000 questions), rep (500 instructions x 1,000 new tokens).
+retain; 50 new tokens), mmlu (2,000 questions), rep (500 instructions x 1,000 new tokens), and
+parallel (not in the default set): --procs trainings of a SmolLM2-shaped model sharing one GPU, as
+run_all.sh's small block runs them; aggregate optimizer steps/s. Its kernels overlap across processes
+only under CUDA MPS:
+
+    nvidia-cuda-mps-control -d; python bench.py --parts parallel --procs 12; echo quit | nvidia-cuda-mps-control
 Random weights never emit end-of-turn, so every generation runs to its token limit (the worst case).
 """
 import argparse
 import json
 import math
 import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +29,7 @@ import torch
 
 import data
 import evaluate
+import losses
 import train
 import utility
 
@@ -62,6 +71,38 @@ def bench_train(model, method, steps, warmup, out, extra):
             "topic_minutes": round(step_time * steps_per_topic / 60, 2), "steps_per_topic": steps_per_topic}
 
 
+def mps_running():
+    """Whether a CUDA MPS control daemon is up (its pipe exists where clients look for it)."""
+    return (Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")) / "control").exists()
+
+
+def bench_parallel(model, procs, steps, warmup, out, extra):
+    """`procs` train.py processes side by side (the methods of the table in turn, batch 8 x 1 as in
+    run_all.sh's small block, no saving); aggregate optimizer steps/s over the steps after `warmup`."""
+    methods = [m for m in losses.METHODS if m != "nll"]
+    jobs, t0 = [], time.time()
+    for i in range(procs):
+        method, run = methods[i % len(methods)], Path(out) / f"parallel_{i:02d}"
+        shutil.rmtree(run, ignore_errors=True)
+        run.mkdir(parents=True)
+        cmd = [sys.executable, str(Path(__file__).with_name("train.py")), "--method", method, "--model", model,
+               "--topics", "challenger_disaster", "--out", str(run), "--max-steps", str(steps),
+               "--batch-size", "8", "--grad-accum", "1", "--save-minutes", "0", "--no-save", "--print-every", "1000",
+               "--refusal", train.with_prefix(train.PAPER_REFUSALS["llama"]), *extra]
+        with open(run / "train.log", "w") as log:
+            jobs.append((method, run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                       env={**os.environ, "OMP_NUM_THREADS": "2"})))
+    per_process = []
+    for method, run, proc in jobs:
+        if proc.wait() != 0:
+            raise SystemExit(f"bench parallel: {method} failed, see {run / 'train.log'}")
+        log = [json.loads(line) for line in open(run / "log.jsonl")][warmup:]
+        per_process.append((method, sum(r["step_time"] for r in log) / len(log)))
+    return {"model": model, "device": peak_flops()[1], "procs": procs, "mps": mps_running(),
+            "steps_per_s": round(sum(1 / t for _, t in per_process), 1), "wall_s": round(time.time() - t0, 1),
+            "s_per_step": {f"{i:02d}_{m}": round(t, 4) for i, (m, t) in enumerate(per_process)}}
+
+
 def bench_generation(model, tokenizer, batch_size, cache=None):
     queries = evaluate.build_queries("challenger_disaster", data.DEFAULT_ROOT)
     prompts = [data.prompt_ids(tokenizer, q["question"], q["context"]) for q in queries]
@@ -98,7 +139,8 @@ def bench_rep(model, tokenizer, batch_size, n, tokens, cache=None):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=MODEL, help="random:<name> of train.RANDOM_CONFIGS (any model for gen, mmlu, rep)")
-    p.add_argument("--parts", nargs="+", default=["train", "gen", "mmlu", "rep"])
+    p.add_argument("--parts", nargs="+", default=["train", "gen", "mmlu", "rep"],
+                   choices=["train", "gen", "mmlu", "rep", "parallel"])
     p.add_argument("--methods", nargs="+", default=["jensunpp", "graddiff", "npo"])
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the averages")
@@ -109,6 +151,9 @@ def main():
     p.add_argument("--rep-batch", type=int, default=256)
     p.add_argument("--rep-n", type=int, default=500)
     p.add_argument("--rep-tokens", type=int, default=1000)
+    p.add_argument("--procs", type=int, default=12, help="parallel: trainings sharing the GPU")
+    p.add_argument("--parallel-model", default="random:smollm2-135m", help="parallel: the model each one trains")
+    p.add_argument("--parallel-steps", type=int, default=160)
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[], help="passed on to train.py")
     args = p.parse_args()
@@ -125,6 +170,11 @@ def main():
             if int(os.environ.get("RANK", 0)) == 0:
                 print("train", json.dumps(results["train"][-1]), flush=True)
                 (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1))
+    if "parallel" in args.parts:
+        results["parallel"] = bench_parallel(args.parallel_model, args.procs, args.parallel_steps,
+                                             min(60, args.parallel_steps // 2), args.out, args.train_args)
+        print("parallel", json.dumps(results["parallel"]), flush=True)
+        (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1))
     if {"gen", "mmlu", "rep"} & set(args.parts) and int(os.environ.get("RANK", 0)) == 0:
         model, tokenizer = train.load_model(args.model, torch.bfloat16, "cuda")
         model.eval()

@@ -237,3 +237,21 @@ def test_run_all_dry_run_prints_every_block():
     assert all(c.count("--skip rep rgq") == 3 and c.endswith(".selected") for c in sweep)
     assert sum("evaluate.py --table runs/small/results.md" in c for c in commands) == 1
     assert sum("--mode sequential" in c for c in commands) == 15          # 5 methods x 3 models
+    assert not any("nvidia-cuda-mps-control" in c for c in commands)       # MPS is opt-in
+
+
+def test_run_all_small_starts_mps_only_when_asked_and_none_runs(tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "MPS": "1", "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}
+    def dry_run():
+        out = subprocess.run(["bash", str(data.HERE / "run_all.sh"), "--dry-run", "small"], capture_output=True,
+                             text=True, timeout=120, env=env)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()
+    assert dry_run().count("+ nvidia-cuda-mps-control -d") == 1
+    (tmp_path / "control").touch()                       # a daemon's pipe: leave that daemon alone
+    lines = dry_run()
+    assert "MPS: a daemon is running already" in lines and not any("mps-control" in l for l in lines)
