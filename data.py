@@ -211,13 +211,17 @@ def mixed_sequence(prompt, answer, refusal, i):
     return {"ids": prompt + answer[:i] + refusal, "targets": [refusal[0]] * i + list(refusal)}
 
 
-def collate(seqs, pad_id, scheme="uniform", min_k=0):
+def collate(seqs, pad_id, scheme="uniform", min_k=0, multiple=1):
     """Left-pad sequences into one batch. Returns input_ids, attention_mask, position_ids (B, T),
     labels and weights (B, K) for the last K positions (K = the longest supervised span, at least
     min_k so that reference outputs line up with the policy's): logits of position T-K-1+k predict
-    labels[:, k]."""
-    T = max(len(s["ids"]) for s in seqs)
+    labels[:, k]. multiple > 1 rounds T up to a multiple of it and K to one of 16 (few shapes for a
+    compiled model; padding is masked, so the losses do not change)."""
     K = max([min_k] + [len(s["targets"]) for s in seqs])
+    T = max([len(s["ids"]) for s in seqs])
+    if multiple > 1:
+        K = -(-K // 16) * 16
+        T = -(-max(T, K + 1) // multiple) * multiple
     B = len(seqs)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, T), dtype=torch.long)

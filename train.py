@@ -42,6 +42,7 @@ JENSUN_REFUSAL = "No idea"
 FALLBACK_REFUSAL = "I don't have that information."
 BALANCE_EPS = 1e-5
 STATIC_PAD = 64               # generate(cache="static"): prompt lengths rounded up to this
+GRAPH_PAD = 64                # train --compile graphs: sequence lengths rounded up to this
 
 
 def print0(*args, **kwargs):
@@ -261,13 +262,13 @@ def export(model, tokenizer, config, folder, rank):
 # ----------------------------------------------------------------------------------------------
 # Forward passes
 
-def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None, min_k=0):
+def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None, min_k=0, multiple=1):
     """One forward over all views concatenated (one big batch is faster than one pass per view).
     Returns {view: {"logits" (B, K, V) fp32, "labels", "weights"[, "hidden" (B, K, d)]}} and the
-    number of real tokens processed."""
+    number of real tokens processed. `multiple`: shape rounding for compiled models (data.collate)."""
     names = list(seqs_by_view)
     flat = [s for name in names for s in seqs_by_view[name]]
-    batch = {k: v.to(device) for k, v in data.collate(flat, pad_id, scheme, min_k).items()}
+    batch = {k: v.to(device) for k, v in data.collate(flat, pad_id, scheme, min_k, multiple).items()}
     K = batch["labels"].shape[1]
     captured = {}
     handle = None
@@ -417,12 +418,22 @@ class Trainer:
         compute.train()
         if args.gradient_checkpointing:
             compute.gradient_checkpointing_enable()
-        if args.compile:
+        if args.compile == "blocks":
             # Compile each decoder block (dynamic shapes: every batch has its own length). The step is
             # otherwise bound by Python dispatch of ~100 small ops per block (see the README benchmark).
             for m in [compute] + ([ref] if ref is not None else []):
                 for block in decoder_layers(m):
                     block.compile(dynamic=True)
+        elif args.compile == "graphs":
+            # The whole model compiled for fixed shapes (lengths rounded up to GRAPH_PAD tokens, answer
+            # spans to 16) and replayed as CUDA graphs, forward and backward: a handful of shapes per
+            # run, each compiled once, and no per-kernel Python dispatch afterwards. The frozen model
+            # too where it runs every step (per-token reference logits).
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            compute.compile(mode="reduce-overhead", dynamic=False)
+            if ref is not None and "logits" in self.spec["ref"].values():
+                ref.compile(mode="reduce-overhead", dynamic=False)
+        self.pad_multiple = GRAPH_PAD if args.compile == "graphs" else 1
 
         forget_key, retain_key = ("forget_train", "retain_train")
         if args.method == "nll":
@@ -559,8 +570,11 @@ class Trainer:
     def micro_step(self, model, ref, trainset, indices, epoch, hp, dual, tokenizer, needs_retain,
                    hidden_layer, ref_hidden_layer, cache):
         args, spec, pad = self.args, self.spec, tokenizer.pad_token_id
+        if args.compile == "graphs":
+            torch.compiler.cudagraph_mark_step_begin()      # the previous micro-batch's graph outputs are done
         seqs = trainset.views(indices, spec["views"], needs_retain, epoch)
-        out, logits, ntok = forward_views(model, seqs, pad, spec["weights"], self.device, hidden_layer)
+        out, logits, ntok = forward_views(model, seqs, pad, spec["weights"], self.device, hidden_layer,
+                                          multiple=self.pad_multiple)
         for view, kind in spec["ref"].items():
             out["ref_" + view] = self.reference(ref, view, kind, seqs, indices, pad, ref_hidden_layer, cache,
                                                 logits.shape[1])
@@ -590,7 +604,7 @@ class Trainer:
                     cache[(view, indices[b])] = v
             return {"seq_logprob": torch.tensor([cache[(view, i)] for i in indices], device=self.device)}
         out, _, n = forward_views(ref, {view: seqs[view]}, pad, "uniform", self.device,
-                                  ref_hidden_layer if kind == "hidden" else None, min_k=K)
+                                  ref_hidden_layer if kind == "hidden" else None, min_k=K, multiple=self.pad_multiple)
         self.ref_tokens += n
         return {kind: out[view][kind]}
 
@@ -665,7 +679,9 @@ def parse_args(argv=None):
     p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--no-save", action="store_true", help="do not export the trained model (benchmarks)")
-    p.add_argument("--compile", action="store_true", help="torch.compile each decoder block (GPU speed)")
+    p.add_argument("--compile", nargs="?", const="blocks", choices=["blocks", "graphs"],
+                   help="GPU speed: torch.compile each decoder block (blocks, the default of a bare --compile), "
+                        "or the whole model for padded fixed shapes, replayed as CUDA graphs (graphs; one GPU)")
     p.add_argument("--profile-steps", type=int, default=0, help="profile this many steps after 3 warm-up steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
@@ -678,6 +694,12 @@ def parse_args(argv=None):
     args.batch_size = args.batch_size or (8 if relearn else 4)
     args.grad_accum = args.grad_accum or (1 if relearn else 2)
     args.out = args.out or f"runs/{args.method}_{args.mode}"
+    if args.compile == "graphs" and args.method == "rmu":
+        print0("--compile graphs: rmu reads a hidden layer through a forward hook, which a compiled whole "
+              "model cannot keep; compiling its blocks instead (--compile blocks)")
+        args.compile = "blocks"
+    if args.compile == "graphs" and int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        p.error("--compile graphs runs on one GPU; under torchrun (FSDP) use --compile blocks")
     return args
 
 

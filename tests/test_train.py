@@ -218,3 +218,35 @@ def test_fsdp_two_processes_on_cpu_match_one_process(tiny_model_path, tmp_path):
     a, b = weights(tmp_path / "fsdp" / "final"), weights(tmp_path / "single" / "final")
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-5), k
+
+
+def test_rounding_to_fixed_shapes_leaves_the_loss_unchanged(tiny_model_path):
+    """--compile graphs pads every batch to a few fixed shapes; the padding is masked out."""
+    model, tokenizer = train.load_model(tiny_model_path)
+    model.set_attn_implementation("eager")
+    trainset = data.PairedTrainSet(tokenizer, ["challenger_disaster"], data.DEFAULT_ROOT, refusal=REFUSAL, seed=0,
+                                   method="jensunpp", forget_key="forget_train", retain_key="retain_train")
+    seqs = trainset.views(list(range(8)), ("mixed",), True, 0)
+    summed = {}
+    for multiple in (1, train.GRAPH_PAD):
+        out, logits, ntok = train.forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu",
+                                                multiple=multiple)
+        v = out["mixed"]
+        summed[multiple] = float((losses.token_logprobs(v["logits"], v["labels"]) * v["weights"]).sum())
+        assert ntok == sum(len(s["ids"]) for view in seqs.values() for s in view)
+    padded = data.collate(seqs["mixed"] + seqs["retain"], tokenizer.pad_token_id, multiple=train.GRAPH_PAD)
+    assert padded["input_ids"].shape[1] % train.GRAPH_PAD == 0 and padded["labels"].shape[1] % 16 == 0
+    assert logits.shape[1] == padded["labels"].shape[1]
+    assert summed[train.GRAPH_PAD] == pytest.approx(summed[1], rel=1e-5)
+
+
+def test_compile_graphs_matches_eager(tiny_model_path, tmp_path):
+    """The whole-model compile (CUDA graphs on a GPU; inductor alone on CPU) trains like eager mode."""
+    for method in ("graddiff", "jensunpp"):
+        eager = run(tiny_model_path, tmp_path / f"{method}_eager", method, "--lr", "1e-3", "--max-steps", "3")
+        graphs = run(tiny_model_path, tmp_path / f"{method}_graphs", method, "--lr", "1e-3", "--max-steps", "3",
+                     "--compile", "graphs")
+        assert [r["loss"] for r in graphs] == pytest.approx([r["loss"] for r in eager], rel=1e-4)
+        assert [r["grad_norm"] for r in graphs] == pytest.approx([r["grad_norm"] for r in eager], rel=1e-3)
+    assert train.parse_args(["--method", "rmu", "--compile", "graphs"]).compile == "blocks"   # its hook
+    assert train.parse_args(["--method", "npo", "--compile"]).compile == "blocks"
