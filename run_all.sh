@@ -51,11 +51,18 @@ pool() {   # run each line of stdin as a shell command, $JOBS at a time (small m
   [ $failed = 0 ] || { echo "pool: $failed command(s) failed, see their .log files"; return 1; }
 }
 
-start_mps() {
+MPS_STARTED=0
+start_mps() {    # for block small only: the blocks after it (torchrun, NCCL) run without it
   [ "$MPS" = 1 ] || return 0
   if [ -e "${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}/control" ]; then echo "MPS: a daemon is running already"; return 0; fi
   run nvidia-cuda-mps-control -d
-  [ $DRY = 1 ] || trap 'echo quit | nvidia-cuda-mps-control' EXIT
+  MPS_STARTED=1
+  [ $DRY = 1 ] || trap stop_mps EXIT
+}
+stop_mps() {
+  [ $MPS_STARTED = 1 ] || return 0
+  MPS_STARTED=0
+  run bash -c "echo quit | nvidia-cuda-mps-control"
 }
 
 block_small() {
@@ -91,6 +98,7 @@ for m in '$SMALL_METHODS'.split():
     done; } | { [ $DRY = 1 ] || mkdir -p "$out/sweep"; pool || echo "the table below holds the methods that finished"; }
   local finished
   finished=$(ls "$out"/sweep/*/eval/final/metrics.json 2>/dev/null | xargs -r dirname || echo "$out/sweep/METHOD-lrLR/eval/final")
+  stop_mps
   run python evaluate.py --table "$out/results.md" --runs base="$out/eval_base" injected="$out/eval_injected" $finished
 }
 

@@ -251,7 +251,9 @@ def test_run_all_small_starts_mps_only_when_asked_and_none_runs(tmp_path):
                              text=True, timeout=120, env=env)
         assert out.returncode == 0, out.stderr
         return out.stdout.splitlines()
-    assert dry_run().count("+ nvidia-cuda-mps-control -d") == 1
+    lines = dry_run()
+    start, stop = lines.index("+ nvidia-cuda-mps-control -d"), lines.index("+ bash -c echo quit | nvidia-cuda-mps-control")
+    assert start < stop < next(i for i, l in enumerate(lines) if "evaluate.py --table runs/small/results.md" in l)
     (tmp_path / "control").touch()                       # a daemon's pipe: leave that daemon alone
     lines = dry_run()
     assert "MPS: a daemon is running already" in lines and not any("mps-control" in l for l in lines)
