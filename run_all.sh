@@ -84,9 +84,14 @@ for m in '$SMALL_METHODS'.split():
     print(m, *('%.2g' % (losses.resolve_hparams(m, 'llama')['lr'] * float(f)) for f in '$SMALL_LR_FACTORS'.split()))")
   while read -r m lr; do lrs[$m]=$lr; done <<< "$lr_table"
   start_mps
+  run python -c "import train; train.smollm2_folder()"      # convert the GGUF once, before two processes read it
+  # the base model's evaluation runs beside the injection (one process each: the GPU has room)
+  local base_eval="[ -f $out/eval_base/metrics.json ] || python evaluate.py smollm2 $ev --skip rgq --out $out/eval_base > $out/eval_base.log 2>&1" base_pid=""
+  echo "+ $base_eval &"
+  if [ $DRY = 0 ]; then mkdir -p "$out"; bash -c "$base_eval" & base_pid=$!; fi
   run python train.py --method nll --relearn-set inject --model smollm2 --topics challenger_disaster \
       --lr 1e-4 --epochs 4 --batch-size 16 --deterministic --out "$out/injected"
-  { echo "{ [ -f $out/eval_base/metrics.json ] || python evaluate.py smollm2 $ev --skip rgq --out $out/eval_base > $out/eval_base.log 2>&1; }; [ -f $out/eval_injected/metrics.json ] || python evaluate.py $inject $ev --skip rgq --out $out/eval_injected > $out/eval_injected.log 2>&1"
+  { echo "[ -f $out/eval_injected/metrics.json ] || python evaluate.py $inject $ev --skip rgq --out $out/eval_injected > $out/eval_injected.log 2>&1"
     for m in $SMALL_METHODS; do
       local line=""
       for lr in ${lrs[$m]}; do
@@ -98,6 +103,7 @@ for m in '$SMALL_METHODS'.split():
     done; } | { [ $DRY = 1 ] || mkdir -p "$out/sweep"; pool || echo "the table below holds the methods that finished"; }
   local finished
   finished=$(ls "$out"/sweep/*/eval/final/metrics.json 2>/dev/null | xargs -r dirname || echo "$out/sweep/METHOD-lrLR/eval/final")
+  [ -z "$base_pid" ] || wait "$base_pid" || echo "the base model's evaluation failed, see $out/eval_base.log"
   stop_mps
   run python evaluate.py --table "$out/results.md" --runs base="$out/eval_base" injected="$out/eval_injected" $finished
 }

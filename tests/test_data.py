@@ -230,6 +230,8 @@ def test_run_all_dry_run_prints_every_block():
         assert f"### block {block}" in out.stdout
     commands = [l for l in out.stdout.splitlines() if l.startswith("+ ")]
     assert any("--relearn-set inject" in c for c in commands)
+    base = next(i for i, c in enumerate(commands) if "--out runs/small/eval_base" in c)
+    assert commands[base].endswith("&") and "--relearn-set inject" in commands[base + 1]   # beside the injection
     # block small: one pool job per method, its three learning rates side by side, then its pick's Rep
     sweep = [c for c in commands if "train.py" in c and "runs/small/sweep/" in c]
     assert len(sweep) == 12 and sum(c.count("python train.py --method") for c in sweep) == 12 * 3
