@@ -78,29 +78,42 @@ def mps_running():
 
 def bench_parallel(model, procs, steps, warmup, out, extra):
     """`procs` train.py processes side by side (the methods of the table in turn, batch 8 x 1 as in
-    run_all.sh's small block, no saving); aggregate optimizer steps/s over the steps after `warmup`."""
+    run_all.sh's small block, no saving). steps_per_s: optimizer steps (after each one's `warmup`)
+    done while all of them were running, over that window's length."""
     methods = [m for m in losses.METHODS if m != "nll"]
+    train.smollm2_folder()                  # the tokenizer: convert once, not in every child at once
     jobs, t0 = [], time.time()
-    for i in range(procs):
-        method, run = methods[i % len(methods)], Path(out) / f"parallel_{i:02d}"
-        shutil.rmtree(run, ignore_errors=True)
-        run.mkdir(parents=True)
-        cmd = [sys.executable, str(Path(__file__).with_name("train.py")), "--method", method, "--model", model,
-               "--topics", "challenger_disaster", "--out", str(run), "--max-steps", str(steps),
-               "--batch-size", "8", "--grad-accum", "1", "--save-minutes", "0", "--no-save", "--print-every", "1000",
-               "--refusal", train.with_prefix(train.PAPER_REFUSALS["llama"]), *extra]
-        with open(run / "train.log", "w") as log:
-            jobs.append((method, run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                       env={**os.environ, "OMP_NUM_THREADS": "2"})))
-    per_process = []
-    for method, run, proc in jobs:
-        if proc.wait() != 0:
-            raise SystemExit(f"bench parallel: {method} failed, see {run / 'train.log'}")
-        log = [json.loads(line) for line in open(run / "log.jsonl")][warmup:]
-        per_process.append((method, sum(r["step_time"] for r in log) / len(log)))
+    try:
+        for i in range(procs):
+            method, run = methods[i % len(methods)], Path(out) / f"parallel_{i:02d}"
+            shutil.rmtree(run, ignore_errors=True)
+            run.mkdir(parents=True)
+            cmd = [sys.executable, str(Path(__file__).with_name("train.py")), "--method", method, "--model", model,
+                   "--topics", "challenger_disaster", "--out", str(run), "--max-steps", str(steps),
+                   "--batch-size", "8", "--grad-accum", "1", "--save-minutes", "0", "--no-save",
+                   "--print-every", "1000", "--refusal", train.with_prefix(train.PAPER_REFUSALS["llama"]), *extra]
+            with open(run / "train.log", "w") as log:
+                jobs.append((method, run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                           env={**os.environ, "OMP_NUM_THREADS": "2"})))
+        while any(proc.poll() is None for _, _, proc in jobs) and not any(proc.poll() for _, _, proc in jobs):
+            time.sleep(0.5)                  # until all are done or one has failed
+        failed = [f"{method} ({run / 'train.log'})" for method, run, proc in jobs if proc.poll()]
+    finally:                                 # never leave trainings behind on the GPU
+        for _, _, proc in jobs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if failed:
+        raise SystemExit(f"bench parallel: failed: {', '.join(failed)}")
+    logs = [[json.loads(line) for line in open(run / "log.jsonl")][warmup:] for _, run, _ in jobs]
+    start = max(log[0]["time"] - log[0]["step_time"] for log in logs)      # all running, all warmed up
+    end = min(log[-1]["time"] for log in logs)                             # until the first one ends
+    done = sum(sum(start <= r["time"] <= end for r in log) for log in logs)
     return {"model": model, "device": peak_flops()[1], "procs": procs, "mps": mps_running(),
-            "steps_per_s": round(sum(1 / t for _, t in per_process), 1), "wall_s": round(time.time() - t0, 1),
-            "s_per_step": {f"{i:02d}_{m}": round(t, 4) for i, (m, t) in enumerate(per_process)}}
+            "steps_per_s": round(done / (end - start), 1) if end > start else None,
+            "window_s": round(end - start, 1), "wall_s": round(time.time() - t0, 1),
+            "s_per_step": {f"{i:02d}_{m}": round(sum(r["step_time"] for r in log) / len(log), 4)
+                           for i, ((m, _, _), log) in enumerate(zip(jobs, logs))}}
 
 
 def bench_generation(model, tokenizer, batch_size, cache=None):
@@ -170,7 +183,9 @@ def main():
             if int(os.environ.get("RANK", 0)) == 0:
                 print("train", json.dumps(results["train"][-1]), flush=True)
                 (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1))
-    if "parallel" in args.parts:
+    if "parallel" in args.parts and int(os.environ.get("RANK", 0)) == 0:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()                 # give the children what the train part cached
         results["parallel"] = bench_parallel(args.parallel_model, args.procs, args.parallel_steps,
                                              min(60, args.parallel_steps // 2), args.out, args.train_args)
         print("parallel", json.dumps(results["parallel"]), flush=True)

@@ -2,7 +2,7 @@
 # The paper's experiments as runnable blocks (sections 3-5, appendix B and C).
 #
 #   ./run_all.sh --dry-run all           # print every command of every block
-#   MPS=1 ./run_all.sh small              # the small-scale reproduction on SmolLM2 (one GPU; ~30 min, from a partial run)
+#   MPS=1 ./run_all.sh small              # the small-scale reproduction on SmolLM2 (one GPU; ~30 min without MPS, from a partial run)
 #   NGPU=4 JUDGE_URL=http://127.0.0.1:8000/v1 ./run_all.sh sweeps single
 #
 # Blocks: small sweeps single sequential joint relearn ablations. Each block can run alone; the
@@ -57,12 +57,16 @@ start_mps() {    # for block small only: the blocks after it (torchrun, NCCL) ru
   if [ -e "${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}/control" ]; then echo "MPS: a daemon is running already"; return 0; fi
   run nvidia-cuda-mps-control -d
   MPS_STARTED=1
-  [ $DRY = 1 ] || trap stop_mps EXIT
 }
 stop_mps() {
   [ $MPS_STARTED = 1 ] || return 0
   MPS_STARTED=0
   run bash -c "echo quit | nvidia-cuda-mps-control"
+}
+BASE_PID=""
+small_cleanup() {   # on any exit: no evaluation left running behind, no daemon left up
+  [ -z "$BASE_PID" ] || kill "$BASE_PID" 2>/dev/null || true
+  stop_mps
 }
 
 block_small() {
@@ -83,12 +87,15 @@ block_small() {
 for m in '$SMALL_METHODS'.split():
     print(m, *('%.2g' % (losses.resolve_hparams(m, 'llama')['lr'] * float(f)) for f in '$SMALL_LR_FACTORS'.split()))")
   while read -r m lr; do lrs[$m]=$lr; done <<< "$lr_table"
+  [ $DRY = 1 ] || trap small_cleanup EXIT
   start_mps
   run python -c "import train; train.smollm2_folder()"      # convert the GGUF once, before two processes read it
   # the base model's evaluation runs beside the injection (one process each: the GPU has room)
-  local base_eval="[ -f $out/eval_base/metrics.json ] || python evaluate.py smollm2 $ev --skip rgq --out $out/eval_base > $out/eval_base.log 2>&1" base_pid=""
-  echo "+ $base_eval &"
-  if [ $DRY = 0 ]; then mkdir -p "$out"; bash -c "$base_eval" & base_pid=$!; fi
+  echo "+ python evaluate.py smollm2 $ev --skip rgq --out $out/eval_base > $out/eval_base.log 2>&1 &"
+  if [ $DRY = 0 ] && [ ! -f "$out/eval_base/metrics.json" ]; then
+    mkdir -p "$out"
+    python evaluate.py smollm2 $ev --skip rgq --out "$out/eval_base" > "$out/eval_base.log" 2>&1 & BASE_PID=$!
+  fi
   run python train.py --method nll --relearn-set inject --model smollm2 --topics challenger_disaster \
       --lr 1e-4 --epochs 4 --batch-size 16 --deterministic --out "$out/injected"
   { echo "[ -f $out/eval_injected/metrics.json ] || python evaluate.py $inject $ev --skip rgq --out $out/eval_injected > $out/eval_injected.log 2>&1"
@@ -103,7 +110,8 @@ for m in '$SMALL_METHODS'.split():
     done; } | { [ $DRY = 1 ] || mkdir -p "$out/sweep"; pool || echo "the table below holds the methods that finished"; }
   local finished
   finished=$(ls "$out"/sweep/*/eval/final/metrics.json 2>/dev/null | xargs -r dirname || echo "$out/sweep/METHOD-lrLR/eval/final")
-  [ -z "$base_pid" ] || wait "$base_pid" || echo "the base model's evaluation failed, see $out/eval_base.log"
+  [ -z "$BASE_PID" ] || wait "$BASE_PID" || echo "the base model's evaluation failed, see $out/eval_base.log"
+  BASE_PID=""
   stop_mps
   run python evaluate.py --table "$out/results.md" --runs base="$out/eval_base" injected="$out/eval_injected" $finished
 }

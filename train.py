@@ -381,6 +381,7 @@ class Trainer:
         self.spec = losses.METHODS[args.method]
         self.ref_tokens = 0                              # tokens through the frozen model (benchmarks)
         self.bf16 = args.precision == "bf16"   # bf16 compute over fp32 master weights (see run_stage)
+        self.pad_multiple = 1                    # sequence-length rounding, GRAPH_PAD under --compile graphs
 
     def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta):
         args, device = self.args, self.device
@@ -465,7 +466,11 @@ class Trainer:
             step, dual = resume_meta["step"], resume_meta["dual"]
             hp.update(resume_meta.get("hp_runtime", {}))
             print0(f"resumed {stage_name} at step {step}/{total}")
-        for m, _ in shadow:     # after loading: DCP leaves an optimizer without state alone when grads exist
+        # Gradients live in preallocated buffers that backward adds into: the masters' (after loading:
+        # DCP leaves an optimizer without state alone when grads exist), and under CUDA graphs without a
+        # bf16 copy the model's own, since a graph's output cannot be kept as .grad across micro-batches.
+        kept_grads = [m for m, _ in shadow] or (params if args.compile == "graphs" else [])
+        for m in kept_grads:
             m.grad = torch.zeros_like(m)
 
         log = open(Path(args.out) / "log.jsonl", "a") if self.rank == 0 else None
@@ -519,7 +524,7 @@ class Trainer:
             else:                                           # never let one bad batch poison the weights
                 skipped += 1
                 print0(f"[{stage_name}] step {step + 1}: non-finite gradient norm, update skipped ({skipped} so far)")
-            optimizer.zero_grad(set_to_none=not shadow)
+            optimizer.zero_grad(set_to_none=not kept_grads)
             copy_masters_to_compute()
             step += 1
             if profiler and step == start_step + 3 + args.profile_steps:
@@ -536,7 +541,7 @@ class Trainer:
 
             elapsed = time.time() - t0
             record = {"stage": stage_name, "step": step, "epoch": epoch, "lr": lr, "grad_norm": grad_norm,
-                      "step_time": time.time() - t_step, "tokens_per_s": tokens_seen / elapsed,
+                      "step_time": time.time() - t_step, "time": time.time(), "tokens_per_s": tokens_seen / elapsed,
                       "tokens": step_tokens, "ref_tokens": self.ref_tokens - ref_before, "skipped_updates": skipped,
                       "peak_mem_gb": peak_memory_gb(self.device), **dual, **dict(stats_acc)}
             if log:
@@ -597,7 +602,7 @@ class Trainer:
             missing = [b for b, i in enumerate(indices) if (view, i) not in cache]
             if missing:
                 sub = {view: [seqs[view][b] for b in missing]}
-                out, _, n = forward_views(ref, sub, pad, "uniform", self.device)
+                out, _, n = forward_views(ref, sub, pad, "uniform", self.device, multiple=self.pad_multiple)
                 self.ref_tokens += n
                 values = losses.summed_logprob(out[view]["logits"], out[view]["labels"])
                 for b, v in zip(missing, values.tolist()):
@@ -759,6 +764,8 @@ def run(args):
             continue
         model_path = str(Trainer(args, rank, world, device).run_stage(index, name, topics, model_path, refusal, hp, resume))
         resume = None
+        if args.compile == "graphs":
+            torch.compiler.reset()          # free the stage's compiled code and CUDA graph memory
         if rank == 0 and not args.no_save:
             shutil.rmtree(out / "checkpoint", ignore_errors=True)
             (Path(model_path) / "train_config.json").write_text(json.dumps(config, indent=1))
