@@ -129,13 +129,16 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
     """Greedy answers for a list of prompt token-id lists. Left padding, prompts sorted by length and
     batched; returns the decoded answers in input order (special tokens dropped). cache="static"
     preallocates the KV cache (HF's static cache; on CUDA, transformers then compiles the decoding
-    step): prompts are left-padded to a multiple of STATIC_PAD tokens and every batch is filled to
-    batch_size with copies of its last prompt, so only a few shapes are ever compiled."""
+    step): prompts are left-padded to a multiple of STATIC_PAD tokens, every batch is filled to
+    batch_size with copies of its last prompt, and the longest prompts go first: transformers sizes
+    each new static cache to the largest it has made (seen with 5.24), so one cache length, and one
+    compiled decoding shape, serves the whole call (shortest first, each longer batch grew the cache
+    and recompiled)."""
     device = next(model.parameters()).device
     if cache == "static" and not getattr(model, "_can_compile_fullgraph", False):
         print(f"generate: {type(model).__name__} does not support a static KV cache; using the dynamic one", flush=True)
         cache = None
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]), reverse=cache == "static")
     answers = [None] * len(prompts)
     stop = [tokenizer.eos_token_id, data.end_of_turn_id(tokenizer)]
     pad = tokenizer.pad_token_id
