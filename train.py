@@ -704,7 +704,7 @@ def parse_args(argv=None):
     args.out = args.out or f"runs/{args.method}_{args.mode}"
     if args.compile == "graphs" and args.method == "rmu":
         print0("--compile graphs: rmu reads a hidden layer through a forward hook, which a compiled whole "
-              "model cannot keep; compiling its blocks instead (--compile blocks)")
+               "model cannot keep; compiling its blocks instead (--compile blocks)")
         args.compile = "blocks"
     if args.compile == "graphs" and int(os.environ.get("WORLD_SIZE", 1)) > 1:
         p.error("--compile graphs runs on one GPU; under torchrun (FSDP) use --compile blocks")
