@@ -42,15 +42,20 @@ def peak_flops():
     return next((v for k, v in PEAK_BF16.items() if k in name), None), name
 
 
+def train_argv(method, model, run, steps, extra):
+    """train.py arguments of a benchmark run: Challenger, `steps` steps, nothing saved, the paper's refusal."""
+    return ["--method", method, "--model", model, "--topics", "challenger_disaster", "--out", str(run),
+            "--max-steps", str(steps), "--save-minutes", "0", "--no-save",
+            "--refusal", train.with_prefix(train.PAPER_REFUSALS["llama"]), *extra]
+
+
 def bench_train(model, method, steps, warmup, out, extra):
     """Run train.py for `steps` optimizer steps without saving; statistics over the steps after `warmup`."""
     run = Path(out) / f"train_{method}"
     log_path = run / "log.jsonl"
     if log_path.exists():
         log_path.unlink()
-    train.main(["--method", method, "--model", model, "--topics", "challenger_disaster", "--out", str(run),
-                "--max-steps", str(steps), "--save-minutes", "0", "--no-save",
-                "--refusal", train.with_prefix(train.PAPER_REFUSALS["llama"]), *extra])
+    train.main(train_argv(method, model, run, steps, extra))
     log = [json.loads(line) for line in open(log_path)][warmup:]
     step_time = sum(r["step_time"] for r in log) / len(log)
     tokens = sum(r["tokens"] for r in log) / len(log)
@@ -88,10 +93,9 @@ def bench_parallel(model, procs, steps, warmup, out, extra):
             method, run = methods[i % len(methods)], Path(out) / f"parallel_{i:02d}"
             shutil.rmtree(run, ignore_errors=True)
             run.mkdir(parents=True)
-            cmd = [sys.executable, str(Path(__file__).with_name("train.py")), "--method", method, "--model", model,
-                   "--topics", "challenger_disaster", "--out", str(run), "--max-steps", str(steps),
-                   "--batch-size", "8", "--grad-accum", "1", "--save-minutes", "0", "--no-save",
-                   "--print-every", "1000", "--refusal", train.with_prefix(train.PAPER_REFUSALS["llama"]), *extra]
+            cmd = [sys.executable, str(Path(__file__).with_name("train.py")),
+                   *train_argv(method, model, run, steps, ["--batch-size", "8", "--grad-accum", "1",
+                                                            "--print-every", "1000", *extra])]
             with open(run / "train.log", "w") as log:
                 jobs.append((method, run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                            env={**os.environ, "OMP_NUM_THREADS": "2"})))
