@@ -114,8 +114,9 @@ def bench_parallel(model, procs, steps, warmup, out, extra):
     end = min(log[-1]["time"] for log in logs)                             # until the first one ends
     done = sum(sum(start <= r["time"] <= end for r in log) for log in logs)
     return {"model": model, "device": peak_flops()[1], "procs": procs, "mps": mps_running(),
-            "steps_per_s": round(done / (end - start), 1) if end > start else None,
-            "window_s": round(end - start, 1), "wall_s": round(time.time() - t0, 1),
+            # None: no moment when all of them ran warmed up (e.g. staggered compiles); use s_per_step
+            "steps_per_s": round(done / (end - start), 3) if end > start else None,
+            "window_s": round(max(end - start, 0), 1), "wall_s": round(time.time() - t0, 1),
             "s_per_step": {f"{i:02d}_{m}": round(sum(r["step_time"] for r in log) / len(log), 4)
                            for i, ((m, _, _), log) in enumerate(zip(jobs, logs))}}
 

@@ -211,17 +211,18 @@ def mixed_sequence(prompt, answer, refusal, i):
     return {"ids": prompt + answer[:i] + refusal, "targets": [refusal[0]] * i + list(refusal)}
 
 
-def collate(seqs, pad_id, scheme="uniform", min_k=0, multiple=1):
+def collate(seqs, pad_id, scheme="uniform", min_k=0, shape=None):
     """Left-pad sequences into one batch. Returns input_ids, attention_mask, position_ids (B, T),
     labels and weights (B, K) for the last K positions (K = the longest supervised span, at least
     min_k so that reference outputs line up with the policy's): logits of position T-K-1+k predict
-    labels[:, k]. multiple > 1 rounds T up to a multiple of it and K to one of 16 (few shapes for a
-    compiled model; padding is masked, so the losses do not change)."""
+    labels[:, k]. shape=(T, K) pads every batch to exactly that (one shape for a compiled model;
+    padding is masked, so the losses do not change)."""
     K = max([min_k] + [len(s["targets"]) for s in seqs])
     T = max([len(s["ids"]) for s in seqs])
-    if multiple > 1:
-        K = -(-K // 16) * 16
-        T = -(-max(T, K + 1) // multiple) * multiple
+    if shape is not None:
+        if T > shape[0] or K > shape[1]:
+            raise ValueError(f"collate: a batch of (T={T}, K={K}) does not fit the fixed shape {tuple(shape)}")
+        T, K = shape
     B = len(seqs)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, T), dtype=torch.long)
@@ -314,6 +315,16 @@ class PairedTrainSet:
             out["retain"] = [sequence(self.examples[i]["retain_prompt"], self.examples[i]["retain_answer"])
                              for i in indices]
         return out
+
+    def longest(self, names, retain, epochs):
+        """(T, K): the longest sequence and supervised span of every view this set yields over `epochs`
+        epochs (prefix mixing draws anew each epoch), i.e. the one batch shape that fits them all."""
+        T = K = 0
+        for epoch in range(epochs):
+            for seqs in self.views(range(len(self)), names, retain, epoch).values():
+                T = max([T] + [len(s["ids"]) for s in seqs])
+                K = max([K] + [len(s["targets"]) for s in seqs])
+        return T, K
 
     def epoch_order(self, epoch):
         """A seeded permutation of pair indices for one epoch (pairs stay together)."""

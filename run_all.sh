@@ -2,7 +2,7 @@
 # The paper's experiments as runnable blocks (sections 3-5, appendix B and C).
 #
 #   ./run_all.sh --dry-run all           # print every command of every block
-#   MPS=1 ./run_all.sh small              # the small-scale reproduction on SmolLM2 (one GPU; ~30 min without MPS, from a partial run)
+#   MPS=1 ./run_all.sh small              # the small-scale reproduction on SmolLM2 (one GPU; 21.5 min on an H200)
 #   NGPU=4 JUDGE_URL=http://127.0.0.1:8000/v1 ./run_all.sh sweeps single
 #
 # Blocks: small sweeps single sequential joint relearn ablations. Each block can run alone; the

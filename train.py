@@ -42,7 +42,6 @@ JENSUN_REFUSAL = "No idea"
 FALLBACK_REFUSAL = "I don't have that information."
 BALANCE_EPS = 1e-5
 STATIC_PAD = 64               # generate(cache="static"): prompt lengths rounded up to this
-GRAPH_PAD = 64                # train --compile graphs: sequence lengths rounded up to this
 
 
 def print0(*args, **kwargs):
@@ -107,18 +106,17 @@ def resolve_model_path(name):
 def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False):
     """Model and tokenizer from an HF id, a local folder, or the alias 'smollm2'. Safetensors only."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+    path = str(smollm2_folder()) if name.startswith("random:") else resolve_model_path(name)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:   # e.g. the tokenizer converted from SmolLM2's GGUF has none
+        tokenizer.pad_token = tokenizer.eos_token
     if name.startswith("random:"):
-        tokenizer = AutoTokenizer.from_pretrained(smollm2_folder())
         config = LlamaConfig(**RANDOM_CONFIGS[name.split(":", 1)[1]], bos_token_id=tokenizer.bos_token_id,
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         torch.manual_seed(0)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         return model, tokenizer
-    path = resolve_model_path(name)
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True,
                                                  trust_remote_code=trust_remote_code).to(device)
     return model, tokenizer
@@ -265,13 +263,13 @@ def export(model, tokenizer, config, folder, rank):
 # ----------------------------------------------------------------------------------------------
 # Forward passes
 
-def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None, min_k=0, multiple=1):
+def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None, min_k=0, shape=None):
     """One forward over all views concatenated (one big batch is faster than one pass per view).
     Returns {view: {"logits" (B, K, V) fp32, "labels", "weights"[, "hidden" (B, K, d)]}} and the
-    number of real tokens processed. `multiple`: shape rounding for compiled models (data.collate)."""
+    number of real tokens processed. `shape`: the fixed (T, K) of a compiled model (data.collate)."""
     names = list(seqs_by_view)
     flat = [s for name in names for s in seqs_by_view[name]]
-    batch = {k: v.to(device) for k, v in data.collate(flat, pad_id, scheme, min_k, multiple).items()}
+    batch = {k: v.to(device) for k, v in data.collate(flat, pad_id, scheme, min_k, shape).items()}
     K = batch["labels"].shape[1]
     captured = {}
     handle = None
@@ -384,7 +382,7 @@ class Trainer:
         self.spec = losses.METHODS[args.method]
         self.ref_tokens = 0                              # tokens through the frozen model (benchmarks)
         self.bf16 = args.precision == "bf16"   # bf16 compute over fp32 master weights (see run_stage)
-        self.pad_multiple = 1                    # sequence-length rounding, GRAPH_PAD under --compile graphs
+        self.shape = None                        # the fixed batch shape (T, K) under --compile graphs
 
     def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta):
         args, device = self.args, self.device
@@ -429,15 +427,13 @@ class Trainer:
                 for block in decoder_layers(m):
                     block.compile(dynamic=True)
         elif args.compile == "graphs":
-            # The whole model compiled for fixed shapes (lengths rounded up to GRAPH_PAD tokens, answer
-            # spans to 16) and replayed as CUDA graphs, forward and backward: a handful of shapes per
-            # run, each compiled once, and no per-kernel Python dispatch afterwards. The frozen model
-            # too where it runs every step (per-token reference logits).
+            # The whole model compiled for one fixed shape per batch size (see self.shape below) and
+            # replayed as CUDA graphs, forward and backward: no per-kernel Python dispatch. The frozen
+            # model too where it runs every step (per-token reference logits).
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             compute.compile(mode="reduce-overhead", dynamic=False)
             if ref is not None and "logits" in self.spec["ref"].values():
                 ref.compile(mode="reduce-overhead", dynamic=False)
-        self.pad_multiple = GRAPH_PAD if args.compile == "graphs" else 1
 
         forget_key, retain_key = ("forget_train", "retain_train")
         if args.method == "nll":
@@ -455,6 +451,12 @@ class Trainer:
         optimizer = torch.optim.AdamW(params, lr=hp["lr"], weight_decay=args.weight_decay,
                                       fused=device.type == "cuda")
         needs_retain = retain_key is not None and (self.spec["retain"] or hp["lambda_r"] > 0)
+        if args.compile == "graphs":
+            # Every batch padded to the stage's longest sequence and answer span, so each compiled model
+            # sees one shape per batch size and compiles once. (Lengths rounded to 64 tokens still gave
+            # JensUn++ 10 shapes in a topic, each ~65 s of compiling for the 3B model on an H200.)
+            self.shape = trainset.longest(self.spec["views"], needs_retain, args.epochs)
+            print0(f"--compile graphs: every batch padded to (T, K) = {self.shape}")
         hidden_layer = decoder_layers(compute)[hp["rmu_layer"]] if args.method == "rmu" else None
         ref_hidden_layer = decoder_layers(ref)[hp["rmu_layer"]] if args.method == "rmu" else None
         cache = {}                                        # (view, pair index) -> reference seq log-prob
@@ -582,7 +584,7 @@ class Trainer:
             torch.compiler.cudagraph_mark_step_begin()      # the previous micro-batch's graph outputs are done
         seqs = trainset.views(indices, spec["views"], needs_retain, epoch)
         out, logits, ntok = forward_views(model, seqs, pad, spec["weights"], self.device, hidden_layer,
-                                          multiple=self.pad_multiple)
+                                          shape=self.shape)
         for view, kind in spec["ref"].items():
             out["ref_" + view] = self.reference(ref, view, kind, seqs, indices, pad, ref_hidden_layer, cache,
                                                 logits.shape[1])
@@ -605,14 +607,14 @@ class Trainer:
             missing = [b for b, i in enumerate(indices) if (view, i) not in cache]
             if missing:
                 sub = {view: [seqs[view][b] for b in missing]}
-                out, _, n = forward_views(ref, sub, pad, "uniform", self.device, multiple=self.pad_multiple)
+                out, _, n = forward_views(ref, sub, pad, "uniform", self.device, shape=self.shape)
                 self.ref_tokens += n
                 values = losses.summed_logprob(out[view]["logits"], out[view]["labels"])
                 for b, v in zip(missing, values.tolist()):
                     cache[(view, indices[b])] = v
             return {"seq_logprob": torch.tensor([cache[(view, i)] for i in indices], device=self.device)}
         out, _, n = forward_views(ref, {view: seqs[view]}, pad, "uniform", self.device,
-                                  ref_hidden_layer if kind == "hidden" else None, min_k=K, multiple=self.pad_multiple)
+                                  ref_hidden_layer if kind == "hidden" else None, min_k=K, shape=self.shape)
         self.ref_tokens += n
         return {kind: out[view][kind]}
 

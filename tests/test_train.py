@@ -220,24 +220,30 @@ def test_fsdp_two_processes_on_cpu_match_one_process(tiny_model_path, tmp_path):
         assert torch.allclose(a[k], b[k], atol=1e-5), k
 
 
-def test_rounding_to_fixed_shapes_leaves_the_loss_unchanged(tiny_model_path):
-    """--compile graphs pads every batch to a few fixed shapes; the padding is masked out."""
+def test_padding_to_the_stage_shape_leaves_the_loss_unchanged(tiny_model_path):
+    """--compile graphs pads every batch to the longest sequence and answer span of the stage (one shape,
+    one compile); the padding is masked out, and a batch that does not fit is an error, not a crop."""
     model, tokenizer = train.load_model(tiny_model_path)
     model.set_attn_implementation("eager")
     trainset = data.PairedTrainSet(tokenizer, ["challenger_disaster"], data.DEFAULT_ROOT, refusal=REFUSAL, seed=0,
                                    method="jensunpp", forget_key="forget_train", retain_key="retain_train")
+    shape = trainset.longest(("mixed",), True, 20)
+    every = [s for epoch in range(20) for view in trainset.views(range(len(trainset)), ("mixed",), True, epoch).values()
+             for s in view]
+    assert shape == (max(len(s["ids"]) for s in every), max(len(s["targets"]) for s in every))
     seqs = trainset.views(list(range(8)), ("mixed",), True, 0)
+    assert max(len(s["ids"]) for view in seqs.values() for s in view) < shape[0]     # so padding happens
     summed = {}
-    for multiple in (1, train.GRAPH_PAD):
-        out, logits, ntok = train.forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu",
-                                                multiple=multiple)
+    for fixed in (None, shape):
+        out, logits, ntok = train.forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", shape=fixed)
         v = out["mixed"]
-        summed[multiple] = float((losses.token_logprobs(v["logits"], v["labels"]) * v["weights"]).sum())
+        summed[fixed] = float((losses.token_logprobs(v["logits"], v["labels"]) * v["weights"]).sum())
         assert ntok == sum(len(s["ids"]) for view in seqs.values() for s in view)
-    padded = data.collate(seqs["mixed"] + seqs["retain"], tokenizer.pad_token_id, multiple=train.GRAPH_PAD)
-    assert padded["input_ids"].shape[1] % train.GRAPH_PAD == 0 and padded["labels"].shape[1] % 16 == 0
-    assert logits.shape[1] == padded["labels"].shape[1]
-    assert summed[train.GRAPH_PAD] == pytest.approx(summed[1], rel=1e-5)
+    assert logits.shape[1] == shape[1]
+    assert data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=shape)["input_ids"].shape == (8, shape[0])
+    assert summed[shape] == pytest.approx(summed[None], rel=1e-5)
+    with pytest.raises(ValueError, match="does not fit the fixed shape"):
+        data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=(shape[0], 2))
 
 
 def test_compile_graphs_matches_eager(tiny_model_path, tmp_path):
@@ -250,3 +256,22 @@ def test_compile_graphs_matches_eager(tiny_model_path, tmp_path):
         assert [r["grad_norm"] for r in graphs] == pytest.approx([r["grad_norm"] for r in eager], rel=1e-3)
     assert train.parse_args(["--method", "rmu", "--compile", "graphs"]).compile == "blocks"   # its hook
     assert train.parse_args(["--method", "npo", "--compile"]).compile == "blocks"
+
+
+def test_a_tokenizer_without_pad_token_pads_with_eos(tmp_path, monkeypatch):
+    """A tokenizer converted from SmolLM2's GGUF by some transformers versions has no pad token; the
+    random-weight models of bench.py share that tokenizer and must pad with end-of-turn too (a run on
+    an H200 with transformers 5.17 failed in data.collate with pad_id None before this)."""
+    import json
+    import shutil
+    folder = tmp_path / "tok"
+    shutil.copytree(train.smollm2_folder(), folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("pad_token", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    from transformers import AutoTokenizer
+    assert AutoTokenizer.from_pretrained(folder).pad_token_id is None
+    monkeypatch.setattr(train, "smollm2_folder", lambda: folder)
+    model, tokenizer = train.load_model("random:tiny")
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id is not None
+    assert model.config.pad_token_id == tokenizer.pad_token_id
