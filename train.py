@@ -607,7 +607,8 @@ class Trainer:
             missing = [b for b, i in enumerate(indices) if (view, i) not in cache]
             if missing:
                 sub = {view: [seqs[view][b] for b in missing]}
-                out, _, n = forward_views(ref, sub, pad, "uniform", self.device, shape=self.shape)
+                # the frozen model is compiled only for per-token outputs: these batches need no fixed shape
+                out, _, n = forward_views(ref, sub, pad, "uniform", self.device)
                 self.ref_tokens += n
                 values = losses.summed_logprob(out[view]["logits"], out[view]["labels"])
                 for b, v in zip(missing, values.tolist()):
