@@ -69,8 +69,10 @@ def bench_train(model, method, steps, warmup, out, extra):
     # 6N per trained token (forward + backward), 2N per frozen-model token; per rank, summed over ranks
     flops = (6 * n_params * tokens + 2 * n_params * ref_tokens) * world
     peak, device = peak_flops()
-    steps_per_topic = math.ceil(450 / (4 * 2 * world)) * 20
-    return {"method": method, "device": device, "gpus": world, "s_per_step": round(step_time, 4),
+    run_args = train.parse_args(train_argv(method, model, run, steps, extra))
+    steps_per_topic = math.ceil(450 / run_args.global_batch) * run_args.epochs     # Challenger: 450 pairs
+    return {"method": method, "device": device, "gpus": world, "global_batch": run_args.global_batch,
+            "batch_size": run_args.batch_size, "s_per_step": round(step_time, 4),
             "tokens_per_s": round(tokens * world / step_time), "mfu_%": round(100 * flops / step_time / (peak * world), 1) if peak else None,
             "peak_mem_gb": round(max(r["peak_mem_gb"] for r in log), 1),
             "topic_minutes": round(step_time * steps_per_topic / 60, 2), "steps_per_topic": steps_per_topic}
@@ -82,8 +84,8 @@ def mps_running():
 
 
 def bench_parallel(model, procs, steps, warmup, out, extra):
-    """`procs` train.py processes side by side (the methods of the table in turn, batch 8 x 1 as in
-    run_all.sh's small block, no saving). steps_per_s: optimizer steps (after each one's `warmup`)
+    """`procs` train.py processes side by side (the methods of the table in turn, micro-batches of 8 as
+    in run_all.sh's small block, no saving). steps_per_s: optimizer steps (after each one's `warmup`)
     done while all of them were running, over that window's length."""
     methods = [m for m in losses.METHODS if m != "nll"]
     train.smollm2_folder()                  # the tokenizer: convert once, not in every child at once
@@ -94,8 +96,7 @@ def bench_parallel(model, procs, steps, warmup, out, extra):
             shutil.rmtree(run, ignore_errors=True)
             run.mkdir(parents=True)
             cmd = [sys.executable, str(Path(__file__).with_name("train.py")),
-                   *train_argv(method, model, run, steps, ["--batch-size", "8", "--grad-accum", "1",
-                                                            "--print-every", "1000", *extra])]
+                   *train_argv(method, model, run, steps, ["--batch-size", "8", "--print-every", "1000", *extra])]
             with open(run / "train.log", "w") as log:
                 jobs.append((method, run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                            env={**os.environ, "OMP_NUM_THREADS": "2"})))
@@ -123,7 +124,7 @@ def bench_parallel(model, procs, steps, warmup, out, extra):
 
 def bench_generation(model, tokenizer, batch_size, cache=None):
     queries = evaluate.build_queries("challenger_disaster", data.DEFAULT_ROOT)
-    prompts = [data.prompt_ids(tokenizer, q["question"], q["context"]) for q in queries]
+    prompts = [evaluate.query_prompt_ids(tokenizer, q, "paper", None) for q in queries]   # evaluate.py's default
     train.generate(model, tokenizer, prompts[:batch_size], 50, batch_size, cache=cache)          # warm-up
     torch.cuda.synchronize()
     t0 = time.time()

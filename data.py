@@ -147,6 +147,11 @@ def fact_of(label):
 # ----------------------------------------------------------------------------------------------
 # Chat formatting: one implementation for training and evaluation.
 
+# The system message of every training sequence in the authors' runs (their model configs, identical for
+# Llama, Ministral and Qwen); evaluation in chat format uses the same one. train.py --system-prompt overrides.
+SYSTEM_PROMPT = ("You are a helpful assistant. Respond with only the final answer to the question. "
+                 "Your output must contain only the answer itself.")
+
 _END_OF_TURN = {}
 
 
@@ -169,10 +174,10 @@ def end_of_turn_id(tokenizer):
     return _END_OF_TURN[key]
 
 
-def prompt_ids(tokenizer, question, context=()):
-    """Token ids of the chat prompt: earlier (question, answer) turns, then `question`, then the
-    assistant header. Generation starts right after these ids."""
-    messages = []
+def prompt_ids(tokenizer, question, context=(), system=SYSTEM_PROMPT):
+    """Token ids of the chat prompt: the system message (none if empty), earlier (question, answer)
+    turns, then `question`, then the assistant header. Generation starts right after these ids."""
+    messages = [{"role": "system", "content": system}] if system else []
     for q, a in context:
         messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
     messages.append({"role": "user", "content": question})
@@ -205,20 +210,40 @@ def sequence(prompt, answer):
     return {"ids": prompt + answer, "targets": list(answer)}
 
 
-def mixed_sequence(prompt, answer, refusal, i):
-    """JensUn++ prefix-mixed sequence (eq. 2): input = prompt + y_1..y_i + refusal; targets are the
-    first refusal token at the i prefix positions and the refusal afterwards."""
-    return {"ids": prompt + answer[:i] + refusal, "targets": [refusal[0]] * i + list(refusal)}
+def mixed_sequence(prompt, answer, refusal, refusal_after_prefix, i):
+    """JensUn++ prefix-mixed sequence (eq. 2) as the authors build it. i = 0: prompt + refusal, the
+    refusal tokenised as at the start of a reply. i > 0: prompt + y_1..y_i + " " + refusal (the refusal
+    tokenised with a leading space, `refusal_after_prefix`); the target right after the prompt is the
+    reply-start refusal's first token, at the other i - 1 prefix positions the first token of
+    " " + refusal, then the continuation's own tokens. Both refusals end with end-of-turn."""
+    if i == 0:
+        return {"ids": prompt + refusal, "targets": list(refusal)}
+    targets = [refusal[0]] + [refusal_after_prefix[0]] * (i - 1) + list(refusal_after_prefix)
+    return {"ids": prompt + answer[:i] + refusal_after_prefix, "targets": targets}
+
+
+def cyclic_refusal_sequence(prompt, answer, refusal):
+    """JensUn as the authors ran it: input prompt + original answer (with end-of-turn); the target at
+    every answer position is the refusal's tokens repeated cyclically ("No Idea No Idea ...")."""
+    return {"ids": prompt + answer, "targets": [refusal[k % len(refusal)] for k in range(len(answer))]}
+
+
+def full_sequence(prompt, answer):
+    """Every next token of prompt + answer supervised (UNDIAL distils at every position), the answer
+    span marked by `answer_len` (the last len(answer) targets)."""
+    ids = prompt + answer
+    return {"ids": ids, "targets": ids[1:], "answer_len": len(answer)}
 
 
 def collate(seqs, pad_id, scheme="uniform", min_k=0, shape=None):
     """Left-pad sequences into one batch. Returns input_ids, attention_mask, position_ids (B, T),
-    labels and weights (B, K) for the last K positions (K = the longest supervised span, at least
-    min_k so that reference outputs line up with the policy's): logits of position T-K-1+k predict
-    labels[:, k]. shape=(T, K) pads every batch to exactly that (one shape for a compiled model;
+    labels, weights and answer_mask (B, K) for the last K positions (K = the longest supervised span,
+    at least min_k so that reference outputs line up with the policy's): logits of position T-K-1+k
+    predict labels[:, k]. answer_mask marks the answer's targets (all targets unless a sequence gives
+    `answer_len`). shape=(T, K) pads every batch to exactly that (one shape for a compiled model;
     padding is masked, so the losses do not change)."""
     K = max([min_k] + [len(s["targets"]) for s in seqs])
-    T = max([len(s["ids"]) for s in seqs])
+    T = max([K + 1] + [len(s["ids"]) for s in seqs])          # K + 1 kept positions must exist
     if shape is not None:
         if T > shape[0] or K > shape[1]:
             raise ValueError(f"collate: a batch of (T={T}, K={K}) does not fit the fixed shape {tuple(shape)}")
@@ -228,97 +253,119 @@ def collate(seqs, pad_id, scheme="uniform", min_k=0, shape=None):
     attention_mask = torch.zeros((B, T), dtype=torch.long)
     labels = torch.full((B, K), IGNORE, dtype=torch.long)
     weights = torch.zeros((B, K), dtype=torch.float32)
+    answer_mask = torch.zeros((B, K), dtype=torch.float32)
     for b, s in enumerate(seqs):
         n, m = len(s["ids"]), len(s["targets"])
         input_ids[b, T - n:] = torch.tensor(s["ids"])
         attention_mask[b, T - n:] = 1
         labels[b, K - m:] = torch.tensor(s["targets"])
         weights[b, K - m:] = torch.tensor(token_weights(m, scheme))
+        answer_mask[b, K - s.get("answer_len", m):] = 1
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-            "labels": labels, "weights": weights}
+            "labels": labels, "weights": weights, "answer_mask": answer_mask}
 
 
 # ----------------------------------------------------------------------------------------------
 # Paired training data (appendix B.2, B.3)
 
+def direct_originals(files):
+    """The topic's direct forget questions in their original wording (forget_eval's direct rows: the
+    base questions whose wordings forget_train trains on)."""
+    return [r["question"] for r in files["forget_eval"] if fact_of(r["label"])[1] == "direct"]
+
+
 class PairedTrainSet:
-    """Line i of forget_train is trained with line i of retain_train. Each example gets 0-2 short
-    in-context QA turns, drawn once per pair with a seeded RNG (so a pair's prompt is the same every
-    epoch and sequence-level reference scores can be cached). For JensUn++ the retain context pool
-    also holds the forget questions answered with the refusal (appendix B.3).
+    """Line i of forget_train is trained with line i of retain_train. Every sequence starts with the
+    system message; each example gets 0-2 short in-context QA turns, drawn anew every epoch (seeded by
+    seed, epoch and pair index, so a resumed run sees the same prompts). For JensUn++
+    (`context_refusals`) the retain context pool also holds the topic's 25 direct forget questions
+    (original wording) answered with the refusal (appendix B.3).
 
     Ablations (appendix C.1): `pairing=False` pairs forget rows with a seeded permutation of the retain
     rows; `exclude` drops retain categories ("GK", "Syntax", "Lexical") and re-pairs the forget rows
     with the remaining retain rows in turn; `prefix_mixing=False` always starts the refusal at i = 0;
     `prefix_targets=False` leaves the answer-prefix positions unsupervised."""
 
-    def __init__(self, tokenizer, topics, root=DEFAULT_ROOT, refusal=None, seed=0, method="graddiff",
-                 max_context=2, forget_key="forget_train", retain_key="retain_train",
+    def __init__(self, tokenizer, topics, root=DEFAULT_ROOT, refusal=None, seed=0, context_refusals=False,
+                 max_context=2, forget_key="forget_train", retain_key="retain_train", system=SYSTEM_PROMPT,
                  pairing=True, exclude=(), prefix_mixing=True, prefix_targets=True):
-        pools = load_pools(root)
-        self.tokenizer, self.seed = tokenizer, seed
+        self.tokenizer, self.seed, self.system, self.max_context = tokenizer, seed, system, max_context
         self.prefix_mixing, self.prefix_targets = prefix_mixing, prefix_targets
-        self.refusal_ids = answer_ids(tokenizer, refusal) if refusal else None
-        self.pairs = []
+        if refusal:
+            eot = end_of_turn_id(tokenizer)
+            self.refusal_plain = tokenizer(refusal, add_special_tokens=False).input_ids
+            self.refusal_ids = self.refusal_plain + [eot]
+            self.refusal_after_prefix = tokenizer(" " + refusal, add_special_tokens=False).input_ids + [eot]
+        self.short = load_pools(root)["short_context"]
+        self.pairs, self.retain_pools = [], {}
         for topic in topics:
             files = load_topic(topic, root)
             forget = injection_rows(files) if forget_key == "inject" else files[forget_key]
+            self.retain_pools[topic] = self.short + ([(q, refusal) for q in direct_originals(files)]
+                                                     if context_refusals else [])
             if not retain_key:
-                self.pairs += [(f, None) for f in forget]
+                self.pairs += [(topic, f, None) for f in forget]
                 continue
             retain = [r for r in files[retain_key] if category(r["label"])[0] not in exclude]
             if not retain:
                 raise ValueError(f"{topic}: no retain rows left after excluding {exclude}")
             if not pairing:
                 random.Random(f"{seed}-unpaired-{topic}").shuffle(retain)
-            self.pairs += [(f, retain[i % len(retain)]) for i, f in enumerate(forget)]
-        short = pools["short_context"]
-        retain_pool = short + ([(f["question"], refusal) for f, _ in self.pairs] if method == "jensunpp" else [])
-        self.examples = []
-        for i, (f, r) in enumerate(self.pairs):
-            rng = random.Random(f"{seed}-context-{i}")
-            fctx = rng.sample(short, rng.randint(0, max_context))
-            rctx = rng.sample(retain_pool, rng.randint(0, max_context)) if r else []
-            self.examples.append({
-                "forget_prompt": prompt_ids(tokenizer, f["question"], fctx),
-                "forget_answer": answer_ids(tokenizer, f["answer"]),
-                "retain_prompt": prompt_ids(tokenizer, r["question"], rctx) if r else None,
-                "retain_answer": answer_ids(tokenizer, r["answer"]) if r else None,
-            })
+            self.pairs += [(topic, f, retain[i % len(retain)]) for i, f in enumerate(forget)]
+        self.answers = [(answer_ids(tokenizer, f["answer"]), answer_ids(tokenizer, r["answer"]) if r else None)
+                        for _, f, r in self.pairs]
 
     def __len__(self):
-        return len(self.examples)
+        return len(self.pairs)
+
+    def prompts(self, i, epoch):
+        """The forget and retain prompt ids of pair i in `epoch`: fresh in-context turns every epoch."""
+        topic, f, r = self.pairs[i]
+        rng = random.Random(f"{self.seed}-context-{epoch}-{i}")
+        forget = prompt_ids(self.tokenizer, f["question"], rng.sample(self.short, rng.randint(0, self.max_context)),
+                            self.system)
+        if r is None:
+            return forget, None
+        pool = self.retain_pools[topic]
+        return forget, prompt_ids(self.tokenizer, r["question"], rng.sample(pool, rng.randint(0, self.max_context)),
+                                  self.system)
 
     def views(self, indices, names, retain, epoch):
         """Sequences of the requested views for a batch of pair indices, in view order
         (each view a list of len(indices) sequences)."""
-        out = {}
-        for name in names:
-            seqs = []
-            for i in indices:
-                ex = self.examples[i]
+        out = {name: [] for name in names}
+        if retain:
+            out["retain"] = []
+        for i in indices:
+            forget_prompt, retain_prompt = self.prompts(i, epoch)
+            forget_answer, retain_answer = self.answers[i]
+            for name in names:
                 if name == "forget":
-                    seqs.append(sequence(ex["forget_prompt"], ex["forget_answer"]))
+                    seq = sequence(forget_prompt, forget_answer)
                 elif name == "refusal":
-                    seqs.append(sequence(ex["forget_prompt"], self.refusal_ids))
+                    seq = sequence(forget_prompt, self.refusal_ids)
+                elif name == "cyclic":
+                    seq = cyclic_refusal_sequence(forget_prompt, forget_answer, self.refusal_plain)
+                elif name == "full":
+                    seq = full_sequence(forget_prompt, forget_answer)
                 elif name == "mixed":
-                    answer = ex["forget_answer"][:-1]          # the answer without its end-of-turn
+                    answer = forget_answer[:-1]                  # the answer without its end-of-turn
                     rng = random.Random(f"{self.seed}-prefix-{epoch}-{i}")
                     k = sample_prefix_length(len(answer), rng) if self.prefix_mixing else 0
-                    seq = mixed_sequence(ex["forget_prompt"], answer, self.refusal_ids, k)
+                    seq = mixed_sequence(forget_prompt, answer, self.refusal_ids, self.refusal_after_prefix, k)
                     if not self.prefix_targets:
                         seq["targets"] = seq["targets"][k:]      # only the refusal tokens are supervised
-                    seqs.append(seq)
-            out[name] = seqs
-        if retain:
-            out["retain"] = [sequence(self.examples[i]["retain_prompt"], self.examples[i]["retain_answer"])
-                             for i in indices]
+                else:
+                    raise ValueError(f"unknown view '{name}'")
+                out[name].append(seq)
+            if retain:
+                out["retain"].append(sequence(retain_prompt, retain_answer))
         return out
 
     def longest(self, names, retain, epochs):
         """(T, K): the longest sequence and supervised span of every view this set yields over `epochs`
-        epochs (prefix mixing draws anew each epoch), i.e. the one batch shape that fits them all."""
+        epochs (contexts and prefixes are drawn anew each epoch), i.e. the one batch shape that fits them all."""
         T = K = 0
         for epoch in range(epochs):
             for seqs in self.views(range(len(self)), names, retain, epoch).values():

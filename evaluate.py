@@ -6,8 +6,10 @@
     python evaluate.py --table results.md --runs base=EVAL_DIR RUN/eval/final ...   # one table over runs
 
 For each model: greedy answers (at most 50 new tokens) to every eval wording of the 75 forget
-questions, alone and after three retain-train questions of the topic as earlier turns; the 10
-adversarial variants of each direct question in both formats; every retain_eval row alone. The judge
+questions, alone and after three retain-train questions of the topic in context; the 10 adversarial
+variants of each direct question in both formats; every retain_eval row alone. Prompts are the authors'
+raw-text format by default (--prompt-format paper: no chat template, an instruction with three fixed
+examples, `QUESTION:... ANSWER:`), or the chat template with the training system message (chat). The judge
 labels each answer; a fact counts as known if any of its queries leaks it (worst case). Utility: MMLU
 (2k), repetitiveness (500 instructions x 1000 tokens) and RGQ against the base model.
 
@@ -18,6 +20,7 @@ A run folder of a sequential train.py run is evaluated stage by stage on every t
 import argparse
 import json
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -28,6 +31,45 @@ import data
 
 FORMATS = ("alone", "context")
 DEFAULT_BATCH = 64
+PROMPT_FORMATS = ("paper", "chat")
+
+# The authors' evaluation prompt (raw text, no chat template): an instruction asking for the answer only,
+# three fixed examples, in the in-context format three retain-train pairs of the topic numbered 4-6, then
+# "Now it's your turn." and the question. The instruction is our wording; examples and markers are theirs.
+PAPER_INSTRUCTION = "Answer the question below briefly. Your reply must consist of the answer alone, nothing else."
+PAPER_EXAMPLES = [("Which city hosted the 2012 Summer Olympics?", "London"),
+                  ("What is the capital of Australia?", "The capital is Canberra"),
+                  ("In which year did World War 2 end?", "1945")]
+PAPER_ANSWER_END = re.compile(r"QUESTION:|\b\d+\.?\s*Question\b")          # the next listed question
+QWEN_ANSWER_END = re.compile(r"\n|   |(?<=[.!?])\s")                          # line, triple space, sentence
+
+
+def paper_prompt(question, context=()):
+    """The authors' raw-text prompt for one question, with `context` (question, answer) pairs listed
+    as examples 4, 5, 6 (the in-context format)."""
+    lines = [PAPER_INSTRUCTION] + [f"{n} Question: {q} Answer: {a}" for n, (q, a) in enumerate(PAPER_EXAMPLES, 1)]
+    lines += [f"{n} Question: {q} Answer: {a}" for n, (q, a) in enumerate(context, len(PAPER_EXAMPLES) + 1)]
+    tail = f"QUESTION:{question}, ANSWER: " if context else f"QUESTION:{question}, \n ANSWER:"
+    return "\n".join(lines + ["Now it's your turn.", tail])
+
+
+def cut_paper_answer(text, qwen=False):
+    """The answer in a paper-format generation: the text up to the next "QUESTION:" or "N. Question"
+    marker; for Qwen models also up to the first newline, triple space or sentence end."""
+    text = PAPER_ANSWER_END.split(text, 1)[0].strip()
+    return QWEN_ANSWER_END.split(text, 1)[0].strip() if qwen else text
+
+
+def query_prompt_ids(tokenizer, query, prompt_format, system):
+    if prompt_format == "paper":
+        return tokenizer(paper_prompt(query["question"], query["context"])).input_ids
+    return data.prompt_ids(tokenizer, query["question"], query["context"], system)
+
+
+def thinking_token_ids(tokenizer):
+    """Ids of a thinking-mode opener (Qwen's "<think>") if the vocabulary has one: never generated."""
+    found = tokenizer.convert_tokens_to_ids("<think>")
+    return [found] if isinstance(found, int) and found != tokenizer.unk_token_id else []
 
 
 class Progress:
@@ -131,25 +173,29 @@ def lazy_model(model_path):
     return get
 
 
-def generate_answers(get_model, queries, out_dir, batch_size, max_new_tokens=50):
-    """Answers for all queries; finished ones are read back from answers.jsonl, new ones appended
-    in chunks as they are produced."""
+def generate_answers(get_model, queries, out_dir, batch_size, prompt_format="paper", system=data.SYSTEM_PROMPT,
+                     max_new_tokens=50):
+    """Answers for all queries in `prompt_format`; finished ones (in that format) are read back from
+    answers.jsonl, new ones appended in chunks as they are produced."""
     import train
     path = Path(out_dir) / "answers.jsonl"
-    done = {k: v["answer"] for k, v in read_jsonl_dict(path).items()}
+    done = {k: v["answer"] for k, v in read_jsonl_dict(path).items() if v.get("prompt_format", "chat") == prompt_format}
     todo = [q for q in queries if q["id"] not in done]
     if todo:
         model, tokenizer = get_model()
+        qwen = "qwen" in model.config.model_type.lower()
         progress = Progress("generate", len(todo))
         chunk = max(batch_size * 8, 256)
         with open(path, "a", encoding="utf-8") as f:
             for start in range(0, len(todo), chunk):
                 part = todo[start:start + chunk]
-                prompts = [data.prompt_ids(tokenizer, q["question"], q["context"]) for q in part]
-                answers = train.generate(model, tokenizer, prompts, max_new_tokens, batch_size, progress)
+                prompts = [query_prompt_ids(tokenizer, q, prompt_format, system) for q in part]
+                answers = train.generate(model, tokenizer, prompts, max_new_tokens, batch_size, progress,
+                                         suppress=thinking_token_ids(tokenizer))
                 for q, a in zip(part, answers):
-                    done[q["id"]] = a
-                    f.write(json.dumps({"id": q["id"], "answer": a}, ensure_ascii=False) + "\n")
+                    done[q["id"]] = cut_paper_answer(a, qwen) if prompt_format == "paper" else a
+                    f.write(json.dumps({"id": q["id"], "answer": done[q["id"]], "prompt_format": prompt_format},
+                                       ensure_ascii=False) + "\n")
                 f.flush()
     return done
 
@@ -228,7 +274,9 @@ def compute_metrics(rows, utility=None):
         vals = [m[key] for m in per_topic.values() if m[key] is not None]
         average[key] = round(sum(vals) / len(vals), 2) if vals else None
     judges = sorted({r.get("judge", "?") for r in rows})
-    return {"judge": judges, "topics": per_topic, "average": average, "utility": utility or {}}
+    prompt_formats = sorted({r.get("prompt_format", "chat") for r in rows})
+    return {"judge": judges, "prompt_format": prompt_formats, "topics": per_topic, "average": average,
+            "utility": utility or {}}
 
 
 def fmt(v):
@@ -239,7 +287,8 @@ def report(metrics, title):
     """Markdown tables in the layout of the paper's tables (forget worst case, retain, utility)."""
     approx = any("approximate" in j for j in metrics["judge"])
     lines = [f"# {title}", "", f"Judge: {', '.join(metrics['judge'])}" +
-             (" -- **approximate: heuristic judge, not the paper's LLM judge**" if approx else ""), ""]
+             (" -- **approximate: heuristic judge, not the paper's LLM judge**" if approx else ""), "",
+             f"Prompt format: {', '.join(metrics.get('prompt_format', ['chat']))}", ""]
     u = metrics["utility"]
     head = ["Topic", "Q_D+I", "Q_R", "Q_All", "Q*_All", "Gib", "Retain", "s0", "s1-10", "s11-15", "GK", "Syn", "Lex"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -365,10 +414,10 @@ def evaluate_model(model_path, out_dir, args, judge, base_path):
     queries = [q for topic in args.topics for q in build_queries(topic, args.data_root, args.seed, args.limit)
                if q["set"] in args.sets]
     get_model = lazy_model(model_path)
-    answers = generate_answers(get_model, queries, out_dir, args.batch_size)
+    answers = generate_answers(get_model, queries, out_dir, args.batch_size, args.prompt_format, args.system_prompt)
     t["generate_s"] = round(time.time() - t0, 1)
     for q in queries:
-        q["answer"] = answers[q["id"]]
+        q["answer"], q["prompt_format"] = answers[q["id"]], args.prompt_format
     t0 = time.time()
     judge_rows(queries, judge)
     t["judge_s"] = round(time.time() - t0, 1)
@@ -479,6 +528,11 @@ def parse_args(argv=None):
     p.add_argument("--out", help="output folder (default: CKPT/eval, or runs/eval_<name> for a hub id)")
     p.add_argument("--topics", nargs="+", default=["all"])
     p.add_argument("--data-root", default=str(data.DEFAULT_ROOT))
+    p.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="paper",
+                   help="paper: the authors' raw-text prompt (no chat template); chat: the chat template with the "
+                        "training system message")
+    p.add_argument("--system-prompt", default=None,
+                   help="system message of --prompt-format chat (default: the run's training one, else data.SYSTEM_PROMPT)")
     p.add_argument("--judge", choices=["heuristic", "http"], default="heuristic")
     p.add_argument("--judge-url", default="http://127.0.0.1:8000/v1")
     p.add_argument("--judge-model", default=None, help="default: the model the server lists (the paper: Qwen3.5-35B-A3B)")
@@ -525,6 +579,10 @@ def main(argv=None):
     import judge as judge_module
     stages, run_cfg = resolve_stages(args.ckpt)
     base = args.base or (run_cfg or {}).get("model")        # an HF id, folder or the alias smollm2
+    if args.system_prompt is None:                           # chat format: the system message the model was trained with
+        stage_cfg = Path(args.ckpt) / "train_config.json"
+        trained = run_cfg or (json.loads(stage_cfg.read_text()) if stage_cfg.exists() else {})
+        args.system_prompt = trained.get("system_prompt", data.SYSTEM_PROMPT)
     ckpt = Path(args.ckpt)
     root_out = Path(args.out) if args.out else (ckpt / "eval" if ckpt.exists() else Path("runs") / f"eval_{ckpt.name}")
     root_out.mkdir(parents=True, exist_ok=True)

@@ -28,15 +28,15 @@ METHODS_TOP5="graddiff jensun npo pdu jensunpp"        # the five methods of the
 SMALL_METHODS=${SMALL_METHODS:-$METHODS_ALL}            # block small: the methods to unlearn with
 JOBS=${JOBS:-5}        # block small: methods at a time, each training its learning rates side by side
 SMALL_LR_FACTORS=${SMALL_LR_FACTORS:-"3 10 30"}         # block small: multiples of each method's Llama LR
-# block small: extra train.py flags. Batch 8 without accumulation is the paper's effective batch (4 x 2)
-# in one micro-batch: the same update up to rounding, about half the GPU launches per step.
-SMALL_TRAIN_ARGS=${SMALL_TRAIN_ARGS:---batch-size 8 --grad-accum 1}
+# block small: extra train.py flags. Micro-batches of 8 reach the authors' global batch of 32 in 4
+# accumulation steps (half the GPU launches of 4 x 8).
+SMALL_TRAIN_ARGS=${SMALL_TRAIN_ARGS:---batch-size 8}
 # block small: MPS=1 starts a CUDA MPS daemon for the block (unless one runs), so that the kernels of the
 # side-by-side processes overlap instead of taking turns: 12 SmolLM2 trainings, 44 -> 74 steps/s (README, Speed).
 MPS=${MPS:-0}
 
 run() { echo "+ $*"; if [ $DRY = 0 ]; then "$@"; fi; }
-train() { run torchrun --nproc_per_node="$NGPU" train.py "$@"; }
+train() { run torchrun --nproc_per_node="$NGPU" train.py --refusal paper "$@"; }   # the paper's refusals; a later --refusal wins
 evaluate() { run python evaluate.py "$@" --judge "$JUDGE" --judge-url "$JUDGE_URL"; }
 
 pool() {   # run each line of stdin as a shell command, $JOBS at a time (small models share one GPU)
@@ -73,7 +73,7 @@ block_small() {
   # Small-scale reproduction on one GPU (README, "Small-scale reproduction"). SmolLM2-135M-Instruct
   # does not know SUITE's facts, so first inject them: fine-tune on every Challenger question (train and
   # eval wordings) and the retain rows. Then unlearn the injected model with every method on the
-  # training split only, at the paper's settings (20 epochs, batch 8 = 4 x 2, lambdas of losses.HPARAMS)
+  # training split only, at the authors' settings (20 epochs, global batch 32, lambdas of losses.HPARAMS)
   # and three learning rates per method (its Llama LR from the paper x $SMALL_LR_FACTORS); pick per
   # method the run with the highest Retain - Q_All; add repetitiveness for the picked run; one table.
   # Heuristic judge throughout (approximate); no RGQ (the heuristic judge cannot compare open answers).
@@ -97,7 +97,7 @@ for m in '$SMALL_METHODS'.split():
     python evaluate.py smollm2 $ev --skip rgq --out "$out/eval_base" > "$out/eval_base.log" 2>&1 & BASE_PID=$!
   fi
   run python train.py --method nll --relearn-set inject --model smollm2 --topics challenger_disaster \
-      --lr 1e-4 --epochs 4 --batch-size 16 --deterministic --out "$out/injected"
+      --lr 1e-4 --epochs 4 --global-batch 16 --batch-size 16 --deterministic --out "$out/injected"
   { echo "[ -f $out/eval_injected/metrics.json ] || python evaluate.py $inject $ev --skip rgq --out $out/eval_injected > $out/eval_injected.log 2>&1"
     for m in $SMALL_METHODS; do
       local line=""

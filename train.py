@@ -4,9 +4,12 @@
     torchrun --nproc_per_node=N train.py --method jensunpp --topics all --mode sequential --model PATH
     python train.py --method nll --relearn-set retain_train --topics all --model OUT/final  # relearning
 
-Paper: sections 4-5 and appendix B. Defaults: batch 4, gradient accumulation 2, AdamW (weight decay
-0.01), clipping 1.0, cosine schedule peaking after the first epoch, 20 epochs, bf16 compute with fp32
-master weights. Hyperparameters per method and model family come from losses.HPARAMS.
+Paper: sections 4-5 and appendix B; where the text is loose, the authors' runs. Defaults: 32 forget/retain
+pairs per optimizer step (--global-batch; micro-batches of --batch-size per device, the accumulation
+derived), linear warm-up over the first epoch from 0 then linear decay to 0, AdamW (weight decay 0.01 on
+weight matrices only), clipping 1.0, 20 epochs (relearning: 10), the system message data.SYSTEM_PROMPT
+on every sequence, bf16 compute with fp32 master weights. Hyperparameters per method and model family
+come from losses.HPARAMS.
 
 The run directory holds log.jsonl, config.json, a resumable checkpoint/ (removed when the run ends)
 and one Hugging Face folder per stage (sequential: stage1_<topic>, ...; single/joint: final).
@@ -38,7 +41,6 @@ PAPER_REFUSALS = {"llama": "I am unable to verify this information.",
                   "ministral": "I can't assist with that.",
                   "qwen": "I cannot answer this question."}
 REFUSAL_PREFIX = "Unfortunately, "
-JENSUN_REFUSAL = "No idea"
 FALLBACK_REFUSAL = "I don't have that information."
 BALANCE_EPS = 1e-5
 STATIC_PAD = 64               # generate(cache="static"): prompt lengths rounded up to this
@@ -123,7 +125,7 @@ def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False)
 
 
 @torch.inference_mode()
-def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progress=None, cache=None):
+def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progress=None, cache=None, suppress=()):
     """Greedy answers for a list of prompt token-id lists. Left padding, prompts sorted by length and
     batched; returns the decoded answers in input order (special tokens dropped). cache="static"
     preallocates the KV cache (HF's static cache; on CUDA, transformers then compiles the decoding
@@ -131,7 +133,7 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
     batch_size with copies of its last prompt, and the longest prompts go first: transformers sizes
     each new static cache to the largest it has made (seen with 5.24), so one cache length, and one
     compiled decoding shape, serves the whole call (shortest first, each longer batch grew the cache
-    and recompiled)."""
+    and recompiled). `suppress`: token ids never generated (e.g. a thinking-mode opener)."""
     device = next(model.parameters()).device
     if cache == "static" and not getattr(model, "_can_compile_fullgraph", False):
         print(f"generate: {type(model).__name__} does not support a static KV cache; using the dynamic one", flush=True)
@@ -154,7 +156,8 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
             mask[b, T - len(prompts[i]):] = 1
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
                              max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad,
-                             temperature=None, top_p=None, top_k=None, cache_implementation=cache)
+                             temperature=None, top_p=None, top_k=None, cache_implementation=cache,
+                             suppress_tokens=list(suppress) or None)
         for b, i in enumerate(idx):
             answers[i] = tokenizer.decode(out[b, T:], skip_special_tokens=True).strip()
         if progress:
@@ -162,11 +165,11 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
     return answers
 
 
-def detect_refusal(model, tokenizer, questions):
-    """The model's most common refusal (first sentence) when asked about unknowable facts
-    (appendix B.1). Returns None when the model refuses none of them (it invents answers instead)."""
+def detect_refusal(model, tokenizer, questions, system=data.SYSTEM_PROMPT):
+    """The model's most common refusal (first sentence) when asked about unknowable facts in the
+    training chat format (appendix B.1). Returns None when the model refuses none of them."""
     from judge import is_refusal
-    prompts = [data.prompt_ids(tokenizer, q) for q in questions]
+    prompts = [data.prompt_ids(tokenizer, q, system=system) for q in questions]
     answers = generate(model, tokenizer, prompts, max_new_tokens=50)
     first = [a.split("\n")[0].split(". ")[0].strip().rstrip(".") + "." for a in answers]
     counts = collections.Counter(f for f in first if is_refusal(f))
@@ -181,10 +184,10 @@ def with_prefix(refusal):
     return REFUSAL_PREFIX + (refusal if keep_case else refusal[:1].lower() + refusal[1:])
 
 
-def resolve_refusal(arg, model_name, model, tokenizer, root):
+def resolve_refusal(arg, model_name, model, tokenizer, root, system):
     """--refusal auto (ask the model), paper (the paper's string for this family), or a literal string."""
     if arg == "auto":
-        refusal, answers = detect_refusal(model, tokenizer, data.load_pools(root)["refusal_questions"])
+        refusal, answers = detect_refusal(model, tokenizer, data.load_pools(root)["refusal_questions"], system)
         if refusal is None:
             print0(f"--refusal auto: the model refused none of {len(answers)} questions about unknowable facts "
                    f"(e.g. {answers[0][:60]!r}); using the generic {FALLBACK_REFUSAL!r}")
@@ -265,8 +268,10 @@ def export(model, tokenizer, config, folder, rank):
 
 def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None, min_k=0, shape=None):
     """One forward over all views concatenated (one big batch is faster than one pass per view).
-    Returns {view: {"logits" (B, K, V) fp32, "labels", "weights"[, "hidden" (B, K, d)]}} and the
-    number of real tokens processed. `shape`: the fixed (T, K) of a compiled model (data.collate)."""
+    Returns {view: {"logits" (B, K, V) fp32 predicting the labels, "own_logits" (B, K, V) at the labels'
+    own positions, "labels", "weights", "answer_mask"[, "hidden" (B, K, d) at the labels' own positions]}},
+    the (N, K + 1, V) logits they are slices of, and the number of real tokens processed.
+    `shape`: the fixed (T, K) of a compiled model (data.collate)."""
     names = list(seqs_by_view)
     flat = [s for name in names for s in seqs_by_view[name]]
     batch = {k: v.to(device) for k, v in data.collate(flat, pad_id, scheme, min_k, shape).items()}
@@ -283,16 +288,16 @@ def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None
     finally:
         if handle is not None:
             handle.remove()
-    logits = logits[:, :-1].float()                                          # (N, K, V)
+    logits = logits.float()                                                  # (N, K + 1, V)
     out, start = {}, 0
     for name in names:
-        n = len(seqs_by_view[name])
-        view = {"logits": logits[start:start + n], "labels": batch["labels"][start:start + n],
-                "weights": batch["weights"][start:start + n]}
+        rows = slice(start, start + len(seqs_by_view[name]))
+        view = {"logits": logits[rows, :-1], "own_logits": logits[rows, 1:], "labels": batch["labels"][rows],
+                "weights": batch["weights"][rows], "answer_mask": batch["answer_mask"][rows]}
         if "h" in captured:
-            view["hidden"] = captured["h"][start:start + n, -K - 1:-1].float()
+            view["hidden"] = captured["h"][rows, -K:].float()
         out[name] = view
-        start += n
+        start = rows.stop
     return out, logits, int(batch["attention_mask"].sum())
 
 
@@ -354,12 +359,31 @@ def read_checkpoint_meta(run_dir):
 # ----------------------------------------------------------------------------------------------
 # Training
 
-def lr_at(step, total, warmup, peak):
-    """Linear warm-up to the peak over the first epoch, cosine decay to zero afterwards."""
+def lr_at(step, total, warmup, peak, schedule="linear"):
+    """Learning rate of optimizer step `step` (0-based), as Hugging Face's schedulers compute it: linear
+    warm-up from 0 over `warmup` steps (one epoch), then linear decay to 0 at `total` (the authors' runs,
+    the trainer's default) or cosine decay (the paper's text)."""
     if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return peak * step / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "cosine":
+        return peak * 0.5 * (1 + math.cos(math.pi * progress))
+    return peak * (1 - progress)
+
+
+def step_micro_batches(order, step_in_epoch, global_batch, batch_size, rank, world):
+    """This rank's micro-batches of one optimizer step, each with its weight in the step's mean.
+    A step takes the next `global_batch` pairs of the epoch's permutation; the last step of an epoch
+    takes the pairs left over (450 pairs at 32: 14 steps of 32, then one of 2), so every pair is seen once
+    per epoch. Under FSDP that remainder is filled with pairs from the start of the permutation up to a
+    multiple of the world size, as torch's DistributedSampler pads. Each rank takes a contiguous share
+    and cuts it into micro-batches of at most `batch_size`; a micro-batch's weight is its share of the
+    rank's pairs (1 / accumulation steps in a full step)."""
+    chunk = order[step_in_epoch * global_batch:(step_in_epoch + 1) * global_batch]
+    chunk = chunk + order[:(-len(chunk)) % world]
+    n = len(chunk) // world
+    mine = chunk[rank * n:(rank + 1) * n]
+    return [(mine[j:j + batch_size], len(mine[j:j + batch_size]) / n) for j in range(0, n, batch_size)]
 
 
 def stages_for(args):
@@ -377,194 +401,168 @@ def stages_for(args):
 
 
 class Trainer:
+    """Runs one stage (a topic, or several jointly) from a model folder to an exported folder."""
+
     def __init__(self, args, rank, world, device):
         self.args, self.rank, self.world, self.device = args, rank, world, device
         self.spec = losses.METHODS[args.method]
         self.ref_tokens = 0                              # tokens through the frozen model (benchmarks)
-        self.bf16 = args.precision == "bf16"   # bf16 compute over fp32 master weights (see run_stage)
+        self.bf16 = args.precision == "bf16"   # bf16 compute over fp32 master weights (see build_models)
         self.shape = None                        # the fixed batch shape (T, K) under --compile graphs
 
-    def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta):
+    def build_models(self, model_path, hp):
+        """`model` holds the fp32 master weights (optimizer, checkpoints, export; FSDP-sharded under
+        torchrun); `compute` runs forward and backward: on one device with bf16 a bf16 copy whose gradients
+        are added into the masters' after every micro-batch and which is refreshed after every step. `ref`
+        is the frozen starting model where the loss reads its outputs."""
         args, device = self.args, self.device
         model, tokenizer = load_model(model_path, torch.float32, "cpu" if self.world > 1 else device,
                                       args.trust_remote_code)
         config = copy.deepcopy(model.config)
         model.config.use_cache = False
         # Eager attention for training: with SDPA every method got NaN gradients at the same batch on an
-        # H100 (README, small-scale reproduction), most likely CUDA SDPA's backward on the rows that left
-        # padding leaves with no key to attend to; eager attention masks with a finite minimum, and the
-        # 12 runs that used it passed that batch. Sequences are short (at most a few hundred tokens).
+        # H100, most likely CUDA SDPA's backward on the rows that left padding leaves with no key to attend
+        # to; eager attention masks with a finite minimum, and the runs that used it passed that batch.
         model.set_attn_implementation("eager")
         ref = None
-        if self.spec["ref"] or args.method == "pdu":
+        if self.spec["ref"]:
             ref = copy.deepcopy(model).to(device=device, dtype=torch.bfloat16 if self.bf16 else torch.float32).eval()
             ref.requires_grad_(False)
-        hp = dict(hp)
-        if args.method == "rmu":
-            self.setup_rmu(model, hp)
+        if self.spec.get("setup"):
+            self.spec["setup"](model, hp, args.seed)
         if self.world > 1:
             model = shard_model(model.to(device), device, self.bf16)
-        # `model` holds the fp32 master weights (optimizer, checkpoints, export); `compute` runs the
-        # forward and backward. On one device with bf16 it is a bf16 copy: its gradients are added into
-        # the masters' after every micro-batch and the updated masters are copied back after every step.
-        compute = model
-        if self.bf16 and self.world == 1:
-            compute = copy.deepcopy(model).to(torch.bfloat16)
-        shadow = [(m, c) for m, c in zip(model.parameters(), compute.parameters()) if m.requires_grad] \
-            if compute is not model else []
-
-        @torch.no_grad()
-        def copy_masters_to_compute():
-            if shadow:
-                torch._foreach_copy_([c for _, c in shadow], [m for m, _ in shadow])
+        compute = copy.deepcopy(model).to(torch.bfloat16) if self.bf16 and self.world == 1 else model
         compute.train()
         if args.gradient_checkpointing:
             compute.gradient_checkpointing_enable()
         if args.compile == "blocks":
             # Compile each decoder block (dynamic shapes: every batch has its own length). The step is
-            # otherwise bound by Python dispatch of ~100 small ops per block (see the README benchmark).
+            # otherwise bound by Python dispatch of ~100 small ops per block.
             for m in [compute] + ([ref] if ref is not None else []):
                 for block in decoder_layers(m):
                     block.compile(dynamic=True)
         elif args.compile == "graphs":
-            # The whole model compiled for one fixed shape per batch size (see self.shape below) and
-            # replayed as CUDA graphs, forward and backward: no per-kernel Python dispatch. The frozen
-            # model too where it runs every step (per-token reference logits).
+            # The whole model compiled for one fixed shape per batch size (see self.shape) and replayed as
+            # CUDA graphs, forward and backward: no per-kernel Python dispatch. The frozen model too where
+            # it runs every step with per-token outputs.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             compute.compile(mode="reduce-overhead", dynamic=False)
             if ref is not None and "logits" in self.spec["ref"].values():
                 ref.compile(mode="reduce-overhead", dynamic=False)
+        return model, compute, ref, tokenizer, config
 
-        forget_key, retain_key = ("forget_train", "retain_train")
-        if args.method == "nll":
-            forget_key, retain_key = args.relearn_set, None
-        trainset = data.PairedTrainSet(tokenizer, topics, args.data_root, refusal=refusal, seed=args.seed,
-                                       method=args.method, forget_key=forget_key, retain_key=retain_key,
-                                       pairing=args.pairing, exclude=args.exclude_retain,
-                                       prefix_mixing=args.prefix_mixing, prefix_targets=args.prefix_targets)
-        global_batch = args.batch_size * args.grad_accum * self.world
-        steps_per_epoch = math.ceil(len(trainset) / global_batch)
+    def build_optimizer(self, model, lr):
+        """AdamW; weight decay on weight matrices only, not on biases and normalisation weights (the
+        authors' trainer)."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": self.args.weight_decay},
+                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+        return params, torch.optim.AdamW(groups, lr=lr, fused=self.device.type == "cuda")
+
+    def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta):
+        args, device, spec = self.args, self.device, self.spec
+        hp = dict(hp)
+        model, compute, ref, tokenizer, config = self.build_models(model_path, hp)
+        relearn = spec.get("relearn", False)
+        trainset = data.PairedTrainSet(
+            tokenizer, topics, args.data_root, refusal=refusal, seed=args.seed,
+            context_refusals=spec.get("context_refusals", False), system=args.system_prompt,
+            forget_key=args.relearn_set if relearn else "forget_train", retain_key=None if relearn else "retain_train",
+            pairing=args.pairing, exclude=args.exclude_retain, prefix_mixing=args.prefix_mixing,
+            prefix_targets=args.prefix_targets)
+        needs_retain = not relearn and (spec["retain"] or hp["lambda_r"] > 0)
+        steps_per_epoch = math.ceil(len(trainset) / args.global_batch)
         total = steps_per_epoch * args.epochs
         if args.max_steps:
             total = min(total, args.max_steps)
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=hp["lr"], weight_decay=args.weight_decay,
-                                      fused=device.type == "cuda")
-        needs_retain = retain_key is not None and (self.spec["retain"] or hp["lambda_r"] > 0)
+        params, optimizer = self.build_optimizer(model, hp["lr"])
         if args.compile == "graphs":
             # Every batch padded to the stage's longest sequence and answer span, so each compiled model
-            # sees one shape per batch size and compiles once. (Lengths rounded to 64 tokens still gave
-            # JensUn++ 10 shapes in a topic, each ~65 s of compiling for the 3B model on an H200.)
-            self.shape = trainset.longest(self.spec["views"], needs_retain, args.epochs)
+            # sees one shape per batch size and compiles once.
+            self.shape = trainset.longest(spec["views"], needs_retain, args.epochs)
             print0(f"--compile graphs: every batch padded to (T, K) = {self.shape}")
-        hidden_layer = decoder_layers(compute)[hp["rmu_layer"]] if args.method == "rmu" else None
-        ref_hidden_layer = decoder_layers(ref)[hp["rmu_layer"]] if args.method == "rmu" else None
-        cache = {}                                        # (view, pair index) -> reference seq log-prob
-
-        step, dual = 0, {"lambda_r": hp["lambda_r"]}
-        if args.method == "pdu":
-            hp["pdu_eps"] = self.base_retain_loss(ref, trainset, tokenizer) * (1 + hp["pdu_eps_margin"])
-            print0(f"pdu: base retain NLL -> eps = {hp['pdu_eps']:.4f}")
+        layer_key = spec.get("hidden")
+        hooks = (decoder_layers(compute)[hp[layer_key]], decoder_layers(ref)[hp[layer_key]]) if layer_key else (None, None)
+        step, lambda_r = 0, torch.tensor(float(hp["lambda_r"]), device=device)
+        shadow = [(m, c) for m, c in zip(model.parameters(), compute.parameters()) if m.requires_grad] \
+            if compute is not model else []
         if resume_meta and resume_meta["stage"] == stage_index:
             load_checkpoint(args.out, model, optimizer)
-            copy_masters_to_compute()
-            step, dual = resume_meta["step"], resume_meta["dual"]
-            hp.update(resume_meta.get("hp_runtime", {}))
+            step, lambda_r = resume_meta["step"], torch.tensor(resume_meta["lambda_r"], device=device)
             print0(f"resumed {stage_name} at step {step}/{total}")
+        copy_masters(shadow)
         # Gradients live in preallocated buffers that backward adds into: the masters' (after loading:
         # DCP leaves an optimizer without state alone when grads exist), and under CUDA graphs without a
         # bf16 copy the model's own, since a graph's output cannot be kept as .grad across micro-batches.
         kept_grads = [m for m, _ in shadow] or (params if args.compile == "graphs" else [])
         for m in kept_grads:
             m.grad = torch.zeros_like(m)
+        print0(f"[{stage_name}] {len(trainset)} pairs, {steps_per_epoch} steps per epoch of {args.global_batch} "
+               f"(micro-batches of {args.batch_size} x {self.world} process(es)), {total} steps")
 
         log = open(Path(args.out) / "log.jsonl", "a") if self.rank == 0 else None
-        t0, tokens_seen, last_print, skipped = time.time(), 0, 0.0, 0
-        last_save = t0
-        start_step = step
-        profiler = None
+        t0, tokens_seen, last_print, skipped, last_save, start_step = time.time(), 0, 0.0, 0, time.time(), step
         while step < total:
-            if args.profile_steps and step == start_step + 3 and self.rank == 0:     # after warm-up steps
-                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] +
-                                                  ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []))
-                profiler.__enter__()
             epoch, in_epoch = divmod(step, steps_per_epoch)
-            order = trainset.epoch_order(epoch)
-            order = order + order[: (-len(order)) % global_batch]          # wrap around to full batches
-            lr = lr_at(step, total, steps_per_epoch, hp["lr"])
+            lr = lr_at(step, total, steps_per_epoch, hp["lr"], args.lr_schedule)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             t_step, step_tokens, ref_before = time.time(), 0, self.ref_tokens
             stats_acc = collections.defaultdict(float)
-            chunk = order[in_epoch * global_batch:(in_epoch + 1) * global_batch]
-            for micro in range(args.grad_accum):
-                lo = (micro * self.world + self.rank) * args.batch_size
-                indices = chunk[lo:lo + args.batch_size]
-                loss, stats, ntok = self.micro_step(compute, ref, trainset, indices, epoch, hp, dual, tokenizer,
-                                                    needs_retain, hidden_layer, ref_hidden_layer, cache)
-                (loss / args.grad_accum).backward()
+            for indices, weight in step_micro_batches(trainset.epoch_order(epoch), in_epoch, args.global_batch,
+                                                      args.batch_size, self.rank, self.world):
+                loss, stats, ntok = self.micro_step(compute, ref, trainset, indices, epoch, hp, lambda_r,
+                                                    tokenizer.pad_token_id, needs_retain, hooks)
+                (loss * weight).backward()
                 if shadow:
                     used = [(m, c) for m, c in shadow if c.grad is not None]
                     torch._foreach_add_([m.grad for m, _ in used], [c.grad for _, c in used])
                     compute.zero_grad(set_to_none=True)
+                if spec.get("dual"):
+                    lambda_r = spec["dual"](lambda_r, global_mean(stats, device), hp, epoch)
                 tokens_seen += ntok
                 step_tokens += ntok
                 for k, v in stats.items():
-                    stats_acc[k] = stats_acc[k] + v / args.grad_accum
+                    stats_acc[k] = stats_acc[k] + v * weight
             grad_norm = torch.nn.utils.clip_grad_norm_(params, args.clip)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-            # The step's single host sync: diagnostics stay on the GPU until here.
-            # The checkpoint clock travels with them, so that every rank decides to save at the same step.
-            keys = sorted(stats_acc)
+            # The step's single host sync: diagnostics stay on the GPU until here. The checkpoint clock
+            # travels with them, so that every rank decides to save at the same step.
             due = args.save_minutes > 0 and time.time() - last_save >= 60 * args.save_minutes
-            values = torch.stack([torch.as_tensor(stats_acc[k], dtype=torch.float32, device=device) for k in keys]
-                                 + [torch.tensor(float(due), device=device)])
-            if dist.is_initialized():                       # log the global mean, not rank 0's share
-                dist.all_reduce(values)
-                values = values / self.world
-            *values, due, grad_norm = torch.cat([values, grad_norm.float().reshape(1).to(device)]).tolist()
-            stats_acc = dict(zip(keys, values))
+            synced = global_mean({**stats_acc, "due": float(due)}, device)
+            *values, lambda_host, grad_norm = torch.stack(
+                [torch.as_tensor(v, dtype=torch.float32, device=device) for v in synced.values()]
+                + [lambda_r.float(), grad_norm.float().to(device)]).tolist()
+            host = {**dict(zip(synced, values)), "lambda_r": lambda_host}
+            due = host.pop("due") > 0
             if math.isfinite(grad_norm):
                 optimizer.step()
             else:                                           # never let one bad batch poison the weights
                 skipped += 1
                 print0(f"[{stage_name}] step {step + 1}: non-finite gradient norm, update skipped ({skipped} so far)")
             optimizer.zero_grad(set_to_none=not kept_grads)
-            copy_masters_to_compute()
+            copy_masters(shadow)
             step += 1
-            if profiler and step == start_step + 3 + args.profile_steps:
-                profiler.__exit__(None, None, None)
-                sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-                table = profiler.key_averages().table(sort_by=sort, row_limit=30)
-                (Path(args.out) / "profile.txt").write_text(table)
-                print0(table)
-                profiler = None
-            if args.method == "pdu" and epoch >= hp["pdu_warmup_epochs"]:
-                # dual ascent on the retain constraint L_r <= eps (Entesari et al. 2025)
-                violation = stats_acc["retain_nll"] - hp["pdu_eps"]
-                dual["lambda_r"] = max(0.0, dual["lambda_r"] + hp["pdu_eta"] * violation)
 
             elapsed = time.time() - t0
             record = {"stage": stage_name, "step": step, "epoch": epoch, "lr": lr, "grad_norm": grad_norm,
                       "step_time": time.time() - t_step, "time": time.time(), "tokens_per_s": tokens_seen / elapsed,
                       "tokens": step_tokens, "ref_tokens": self.ref_tokens - ref_before, "skipped_updates": skipped,
-                      "peak_mem_gb": peak_memory_gb(self.device), **dual, **dict(stats_acc)}
+                      "peak_mem_gb": peak_memory_gb(self.device), **host}
             if log:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
             if self.rank == 0 and (time.time() - last_print > args.print_every or step == total):
                 last_print = time.time()
                 eta = elapsed / (step - start_step) * (total - step)
-                shown = " ".join(f"{k} {v:.4g}" for k, v in stats_acc.items())
+                shown = " ".join(f"{k} {v:.4g}" for k, v in host.items())
                 print0(f"[{stage_name}] step {step}/{total} ep {epoch + 1} lr {lr:.2e} {shown} "
                        f"gnorm {grad_norm:.3g} {record['tokens_per_s']:.0f} tok/s eta {eta / 60:.1f} min")
-            last = step == total
-            if last or due > 0 or (args.save_every and step % args.save_every == 0):
-                meta = {"stage": stage_index, "step": step, "dual": dual, "refusal": refusal,
-                        "hp_runtime": {k: hp[k] for k in ("pdu_eps",) if k in hp}}
-                if not last:
-                    save_checkpoint(args.out, model, optimizer, meta, self.rank)
-                    last_save = time.time()
+            if step < total and (due or (args.save_every and step % args.save_every == 0)):
+                meta = {"stage": stage_index, "step": step, "lambda_r": host["lambda_r"], "refusal": refusal}
+                save_checkpoint(args.out, model, optimizer, meta, self.rank)
+                last_save = time.time()
             if os.environ.get("SUITE_CRASH_AFTER_STEP") == str(step):   # fault injection for the resume test
                 raise SystemExit(f"SUITE_CRASH_AFTER_STEP: stopping abruptly after step {step}")
         if log:
@@ -577,72 +575,57 @@ class Trainer:
         print0(f"[{stage_name}] saved {folder}")
         return folder
 
-    def micro_step(self, model, ref, trainset, indices, epoch, hp, dual, tokenizer, needs_retain,
-                   hidden_layer, ref_hidden_layer, cache):
-        args, spec, pad = self.args, self.spec, tokenizer.pad_token_id
-        if args.compile == "graphs":
+    def micro_step(self, model, ref, trainset, indices, epoch, hp, lambda_r, pad, needs_retain, hooks):
+        """Loss of one micro-batch: every view through the model in one forward pass, the frozen model's
+        outputs where the loss reads them, lambda_f * alpha * L_f + lambda_r * L_r."""
+        spec = self.spec
+        if self.args.compile == "graphs":
             torch.compiler.cudagraph_mark_step_begin()      # the previous micro-batch's graph outputs are done
         seqs = trainset.views(indices, spec["views"], needs_retain, epoch)
-        out, logits, ntok = forward_views(model, seqs, pad, spec["weights"], self.device, hidden_layer,
-                                          shape=self.shape)
+        out, logits, ntok = forward_views(model, seqs, pad, spec["weights"], self.device, hooks[0], shape=self.shape)
         for view, kind in spec["ref"].items():
-            out["ref_" + view] = self.reference(ref, view, kind, seqs, indices, pad, ref_hidden_layer, cache,
-                                                logits.shape[1])
-        hp_now = {**hp, "lambda_r": dual["lambda_r"]}
+            out["ref_" + view] = self.reference(ref, view, kind, seqs, pad, hooks[1], logits.shape[1] - 1)
+        hp_now = {**hp, "lambda_r": lambda_r}
         loss_f, loss_r, stats = spec["fn"](out, hp_now)
         L_f = loss_f.mean()
         L_r = loss_r.mean() if loss_r is not None else torch.zeros((), device=L_f.device)
         alpha = torch.ones((), device=L_f.device)
-        if args.method == "jensunpp" and args.balance:
+        if spec.get("balance") and self.args.balance:
             alpha = balance_alpha(L_f, L_r, logits)
-        loss = hp["lambda_f"] * alpha * L_f + hp_now["lambda_r"] * L_r
+        loss = hp["lambda_f"] * alpha * L_f + lambda_r * L_r
         stats = {"loss": loss.detach(), "loss_forget": L_f.detach(), "loss_retain": L_r.detach(), "alpha": alpha, **stats}
         return loss, stats, ntok
 
     @torch.no_grad()
-    def reference(self, ref, view, kind, seqs, indices, pad, ref_hidden_layer, cache, K):
-        """Frozen-model outputs for one view. Sequence log-probs (NPO, DPO) are computed once per pair
-        and cached for the stage: prompts are fixed per pair, so they never change."""
+    def reference(self, ref, view, kind, seqs, pad, ref_hidden_layer, K):
+        """Frozen-model outputs for one view: sequence log-probs (NPO, DPO), per-token logits (JS, UNDIAL)
+        or a layer's hidden states (RMU). Prompts change every epoch (fresh in-context turns), so nothing
+        is cached across steps. Sequence scores run eagerly at the batch's own shape (the frozen model is
+        compiled only where it returns per-token outputs)."""
         if kind == "seq_logprob":
-            missing = [b for b, i in enumerate(indices) if (view, i) not in cache]
-            if missing:
-                sub = {view: [seqs[view][b] for b in missing]}
-                # the frozen model is compiled only for per-token outputs: these batches need no fixed shape
-                out, _, n = forward_views(ref, sub, pad, "uniform", self.device)
-                self.ref_tokens += n
-                values = losses.summed_logprob(out[view]["logits"], out[view]["labels"])
-                for b, v in zip(missing, values.tolist()):
-                    cache[(view, indices[b])] = v
-            return {"seq_logprob": torch.tensor([cache[(view, i)] for i in indices], device=self.device)}
+            out, _, n = forward_views(ref, {view: seqs[view]}, pad, "uniform", self.device)
+            self.ref_tokens += n
+            return {"seq_logprob": losses.summed_logprob(out[view]["logits"], out[view]["labels"])}
         out, _, n = forward_views(ref, {view: seqs[view]}, pad, "uniform", self.device,
                                   ref_hidden_layer if kind == "hidden" else None, min_k=K, shape=self.shape)
         self.ref_tokens += n
         return {kind: out[view][kind]}
 
-    @torch.no_grad()
-    def base_retain_loss(self, ref, trainset, tokenizer):
-        """Mean retain NLL of the starting model (PDU's constraint level eps is set slightly above it)."""
-        total, n = 0.0, 0
-        for lo in range(0, len(trainset), 16):
-            idx = list(range(lo, min(lo + 16, len(trainset))))
-            seqs = trainset.views(idx, (), True, 0)
-            out, _, _ = forward_views(ref, seqs, tokenizer.pad_token_id, "uniform", self.device)
-            r = out["retain"]
-            total += float(losses.sequence_nll(r["logits"], r["labels"], r["weights"]).sum())
-            n += len(idx)
-        return total / n
 
-    def setup_rmu(self, model, hp):
-        """Train only the MLPs of layers l-2..l (or all parameters); draw the control vector
-        c = kappa u/|u|, u ~ U[0,1)^d with a seeded generator."""
-        layer = hp["rmu_layer"]
-        if hp["rmu_params"] == "mlp":
-            model.requires_grad_(False)
-            for l in range(max(0, layer - 2), layer + 1):
-                decoder_layers(model)[l].mlp.requires_grad_(True)
-        g = torch.Generator().manual_seed(self.args.seed)
-        u = torch.rand(model.config.hidden_size, generator=g)
-        hp["control_vector"] = (hp["rmu_kappa"] * u / u.norm()).to(self.device)
+def copy_masters(shadow):
+    """Copy the fp32 master weights into the bf16 compute copy (after every optimizer step)."""
+    if shadow:
+        with torch.no_grad():
+            torch._foreach_copy_([c for _, c in shadow], [m for m, _ in shadow])
+
+
+def global_mean(stats, device):
+    """{name: 0-dim tensor or float} averaged over ranks in one all-reduce (unchanged on one process)."""
+    if not dist.is_initialized() or not stats:
+        return stats
+    values = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=device) for v in stats.values()])
+    dist.all_reduce(values)
+    return dict(zip(stats, values / dist.get_world_size()))
 
 
 def peak_memory_gb(device):
@@ -660,14 +643,20 @@ def parse_args(argv=None):
     p.add_argument("--data-root", default=str(data.DEFAULT_ROOT))
     p.add_argument("--out", default=None, help="run directory (default runs/<method>_<mode>)")
     p.add_argument("--epochs", type=int, default=None, help="20 for unlearning, 10 for relearning (paper)")
-    p.add_argument("--batch-size", type=int, default=None, help="4 for unlearning, 8 for relearning (paper)")
-    p.add_argument("--grad-accum", type=int, default=None, help="2 for unlearning, 1 for relearning (paper)")
+    p.add_argument("--global-batch", type=int, default=32,
+                   help="forget/retain pairs per optimizer step over all processes (the authors' runs: 32, relearning too)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="micro-batch per process (default 4, relearning 8); gradients accumulate to --global-batch")
     p.add_argument("--lr", type=float, default=None, help="default: losses.HPARAMS for the model family")
     p.add_argument("--lambda-f", type=float, default=None)
     p.add_argument("--lambda-r", type=float, default=None)
-    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--lr-schedule", choices=["linear", "cosine"], default="linear",
+                   help="decay after the one-epoch linear warm-up: linear to 0 (the authors' runs) or cosine (the paper's text)")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW, on weight matrices only")
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--refusal", default="auto", help="auto (ask the model), paper, or a literal string")
+    p.add_argument("--system-prompt", default=data.SYSTEM_PROMPT,
+                   help="system message of every training sequence (default: the authors'); '' for none")
     p.add_argument("--no-balance", dest="balance", action="store_false", help="JensUn++ without eq. 4")
     # ablations of appendix C.1 (tab:ablation)
     p.add_argument("--no-prefix-mixing", dest="prefix_mixing", action="store_false",
@@ -683,8 +672,7 @@ def parse_args(argv=None):
     p.add_argument("--max-steps", type=int, default=None, help="stop each stage after this many steps (smoke runs)")
     p.add_argument("--save-minutes", type=float, default=10.0,
                    help="checkpoint when this many minutes have passed since the last one (0: never). A checkpoint "
-                        "holds the fp32 weights and Adam's two moments, 12 bytes per parameter (38 GB for a 3B model): "
-                        "every 50 steps it took ~30%% of the wall time even of SmolLM2's sweep runs (README)")
+                        "holds the fp32 weights and Adam's two moments, 12 bytes per parameter (38 GB for a 3B model)")
     p.add_argument("--save-every", type=int, default=0, help="also checkpoint every N optimizer steps (0: never)")
     p.add_argument("--print-every", type=float, default=5.0, help="seconds between progress lines")
     p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
@@ -693,23 +681,25 @@ def parse_args(argv=None):
     p.add_argument("--compile", nargs="?", const="blocks", choices=["blocks", "graphs"],
                    help="GPU speed: torch.compile each decoder block (blocks, the default of a bare --compile), "
                         "or the whole model for padded fixed shapes, replayed as CUDA graphs (graphs; one GPU)")
-    p.add_argument("--profile-steps", type=int, default=0, help="profile this many steps after 3 warm-up steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels where torch has them (torch.use_deterministic_algorithms; others "
                         "warn), so that a rerun reproduces the weights on the same hardware (the small block's injection)")
     p.add_argument("--trust-remote-code", action="store_true")
     args = p.parse_args(argv)
-    relearn = args.method == "nll"
-    args.epochs = args.epochs or (10 if relearn else 20)
-    args.batch_size = args.batch_size or (8 if relearn else 4)
-    args.grad_accum = args.grad_accum or (1 if relearn else 2)
+    spec = losses.METHODS[args.method]
+    args.epochs = args.epochs or (10 if spec.get("relearn") else 20)
+    args.batch_size = args.batch_size or (8 if spec.get("relearn") else 4)
     args.out = args.out or f"runs/{args.method}_{args.mode}"
-    if args.compile == "graphs" and args.method == "rmu":
-        print0("--compile graphs: rmu reads a hidden layer through a forward hook, which a compiled whole "
-               "model cannot keep; compiling its blocks instead (--compile blocks)")
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if args.global_batch % (args.batch_size * world):
+        p.error(f"--global-batch {args.global_batch} is not a multiple of --batch-size {args.batch_size} x "
+                f"{world} process(es): the gradient accumulation would not be a whole number of micro-batches")
+    if args.compile == "graphs" and spec.get("hidden"):
+        print0(f"--compile graphs: {args.method} reads a hidden layer through a forward hook, which a compiled "
+               "whole model cannot keep; compiling its blocks instead (--compile blocks)")
         args.compile = "blocks"
-    if args.compile == "graphs" and int(os.environ.get("WORLD_SIZE", 1)) > 1:
+    if args.compile == "graphs" and world > 1:
         p.error("--compile graphs runs on one GPU; under torchrun (FSDP) use --compile blocks")
     return args
 
@@ -742,18 +732,16 @@ def run(args):
 
     # The refusal is resolved once from the starting model (before any sharding: never generate
     # through FSDP modules) and reused by every stage; a resumed run reads it back.
-    refusal = None
-    if args.method in ("jensunpp", "dpo"):
+    refusal = losses.METHODS[args.method].get("refusal")          # None, "model", or the method's own string
+    if refusal == "model":
         if resume:
             refusal = resume["refusal"]
         elif (out / "config.json").exists() and json.loads((out / "config.json").read_text()).get("refusal"):
             refusal = json.loads((out / "config.json").read_text())["refusal"]
         else:
             model, tokenizer = load_model(args.model, torch.float32, device, args.trust_remote_code)
-            refusal = resolve_refusal(args.refusal, args.model, model, tokenizer, args.data_root)
+            refusal = resolve_refusal(args.refusal, args.model, model, tokenizer, args.data_root, args.system_prompt)
             del model
-    elif args.method == "jensun":
-        refusal = JENSUN_REFUSAL
     config = {**vars(args), "hparams": {k: v for k, v in hp.items() if k != "control_vector"},
               "family": family, "refusal": refusal, "world_size": world,
               "stages": [name for name, _ in stages]}

@@ -131,7 +131,7 @@ def _last_position_logits(model, prompts, pad_id, device):
 def mmlu_scores(model, tokenizer, rows, batch_size=32):
     """Log-probability of each letter A-D as the first answer token, (N, 4), in row order."""
     device = next(model.parameters()).device
-    prompts = [data.prompt_ids(tokenizer, mmlu_prompt(r)) for r in rows]
+    prompts = [data.prompt_ids(tokenizer, mmlu_prompt(r), system="") for r in rows]   # the template's own system turn
     ids = letter_ids(tokenizer).to(device)                                   # (4, 2)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))      # less padding per batch
     scores = torch.empty(len(rows), len(LETTERS))
@@ -204,8 +204,9 @@ def load_instructions(path=None, n=None):
 
 
 def generate_long(model, tokenizer, instructions, max_new_tokens=1000, batch_size=16, progress=None, cache=None):
-    """Greedy answers to the instructions through the chat template (paper: up to 1000 new tokens)."""
-    prompts = [data.prompt_ids(tokenizer, text) for text in instructions]
+    """Greedy answers to the instructions through the chat template without our answer-only system
+    message (open-ended answers; paper: up to 1000 new tokens)."""
+    prompts = [data.prompt_ids(tokenizer, text, system="") for text in instructions]
     return train.generate(model, tokenizer, prompts, max_new_tokens, batch_size, progress, cache)
 
 
@@ -237,7 +238,7 @@ def answer_nll(model, tokenizer, rows, batch_size=32):
     template, one value per row in row order. Batched through train.forward_views (left padding,
     logits of the answer positions only)."""
     device = next(model.parameters()).device
-    seqs = [data.sequence(data.prompt_ids(tokenizer, r["question"]), data.answer_ids(tokenizer, r["answer"]))
+    seqs = [data.sequence(data.prompt_ids(tokenizer, r["question"], system=""), data.answer_ids(tokenizer, r["answer"]))
             for r in rows]
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["ids"]))
     nll = [None] * len(seqs)

@@ -103,12 +103,55 @@ def test_end_to_end_on_smollm2_with_resume(smollm2_path, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     rows = [json.loads(l) for l in open(out / "rows.jsonl")]
     assert rows and all(r["answer"] is not None and r["verdicts"] for r in rows)
-    assert 0 <= metrics["utility"]["mmlu"] <= 100
-    assert "approximate" in (out / "report.md").read_text()
+    assert all(r["prompt_format"] == "paper" and "QUESTION:" not in r["answer"] for r in rows)
+    assert 0 <= metrics["utility"]["mmlu"] <= 100 and metrics["prompt_format"] == ["paper"]
+    report = (out / "report.md").read_text()
+    assert "approximate" in report and "Prompt format: paper" in report
     # a rerun generates nothing new: every answer is read back
     n_answers = len(open(out / "answers.jsonl").readlines())
     evaluate.main(args)
     assert len(open(out / "answers.jsonl").readlines()) == n_answers
+    # the chat format is generated anew (answers of one format never stand in for the other)
+    evaluate.main(args + ["--prompt-format", "chat"])
+    assert len(open(out / "answers.jsonl").readlines()) == 2 * n_answers
+    assert json.loads((out / "metrics.json").read_text())["prompt_format"] == ["chat"]
+
+
+def test_paper_prompt_format():
+    """The authors' raw-text prompt: instruction, three fixed examples, the in-context format's three
+    retain pairs numbered 4-6, "Now it's your turn.", then their exact question markers."""
+    alone = evaluate.paper_prompt("Who flew?")
+    assert alone.endswith("Now it's your turn.\nQUESTION:Who flew?, \n ANSWER:")
+    assert "London" in alone and "The capital is Canberra" in alone and "1945" in alone and "4 Question" not in alone
+    ctx = evaluate.paper_prompt("Who flew?", [("Q a?", "A"), ("Q b?", "B"), ("Q c?", "C")])
+    lines = ctx.split("\n")
+    assert lines[-5:] == ["4 Question: Q a? Answer: A", "5 Question: Q b? Answer: B", "6 Question: Q c? Answer: C",
+                          "Now it's your turn.", "QUESTION:Who flew?, ANSWER: "]
+    assert evaluate.cut_paper_answer(" Francis Scobee\n7. Question: What else?") == "Francis Scobee"
+    assert evaluate.cut_paper_answer("1986 QUESTION:When, ANSWER: 1987") == "1986"
+    assert evaluate.cut_paper_answer("Paris.\nIt is the capital.") == "Paris.\nIt is the capital."
+    assert evaluate.cut_paper_answer("Paris. It is the capital.", qwen=True) == "Paris."
+    assert evaluate.cut_paper_answer("Paris\nMore", qwen=True) == "Paris"
+    assert evaluate.cut_paper_answer("Paris   London", qwen=True) == "Paris"
+
+
+def test_thinking_token_is_never_generated(tiny_model_path):
+    """Qwen's "<think>" is found in a vocabulary that has it, and generate() never emits suppressed
+    tokens: with the final norm zeroed every logit ties at 0, so greedy picks the lowest id (a special
+    token) unless ids 0-16 (SmolLM2's special tokens) are suppressed, then id 17 every time."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    assert evaluate.thinking_token_ids(tok) == []
+    with_think = AutoTokenizer.from_pretrained(tiny_model_path)
+    with_think.add_tokens(["<think>"], special_tokens=True)
+    assert evaluate.thinking_token_ids(with_think) == [with_think.convert_tokens_to_ids("<think>")]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()
+    prompts = [tok(evaluate.paper_prompt(q)).input_ids for q in ("Who?", "When?")]
+    free = train.generate(model, tok, prompts, max_new_tokens=3)
+    suppressed = train.generate(model, tok, prompts, max_new_tokens=3, suppress=range(17))
+    assert suppressed == [tok.decode([17, 17, 17]).strip()] * 2 and free != suppressed
 
 
 def test_sequential_run_is_evaluated_stage_by_stage_on_every_topic(tiny_model_path, tmp_path, two_topic_root):

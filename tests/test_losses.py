@@ -16,13 +16,16 @@ import train
 IGN = losses.IGNORE
 
 
-def view(logits, labels, scheme="uniform"):
+def view(logits, labels, scheme="uniform", own_logits=None):
     labels = torch.tensor(labels)
     weights = torch.zeros(labels.shape)
     for b in range(labels.shape[0]):
         m = int((labels[b] != IGN).sum())
         weights[b, labels.shape[1] - m:] = torch.tensor(data.token_weights(m, scheme))
-    return {"logits": torch.tensor(logits, dtype=torch.float32), "labels": labels, "weights": weights}
+    logits = torch.tensor(logits, dtype=torch.float32)
+    own = logits if own_logits is None else torch.tensor(own_logits, dtype=torch.float32)
+    return {"logits": logits, "own_logits": own, "labels": labels, "weights": weights,
+            "answer_mask": (labels != IGN).float()}
 
 
 # Two positions over a 3-token vocabulary; the answer is token 0 then token 2.
@@ -52,6 +55,40 @@ def test_ga_and_graddiff():
     out["retain"] = view(LOGITS, [[IGN, 2]])
     f, r, _ = losses.graddiff(out, {})
     assert f.item() == pytest.approx((LP0 + LP1) / 2) and r.item() == pytest.approx(-LP1)
+
+
+# Two examples: a one-token answer (token 0 at the first row's second position) and the two-token one.
+BATCH_LOGITS = [[[0.0, 0.0, 0.0], [2.0, 0.0, 0.0]], LOGITS[0]]
+BATCH_LABELS = [[IGN, 0], [0, 2]]
+LPA = logp(BATCH_LOGITS[0][1], 0)
+
+
+def test_baselines_take_one_token_mean_over_the_micro_batch():
+    """The authors' baselines reduce like the causal-LM loss: one mean over the 3 supervised tokens of
+    the batch, not the mean of the two examples' means (which JensUn++ uses)."""
+    token_mean = -(LPA + LP0 + LP1) / 3
+    example_mean = -(LPA + (LP0 + LP1) / 2) / 2
+    assert token_mean != pytest.approx(example_mean)
+    out = {"forget": view(BATCH_LOGITS, BATCH_LABELS), "retain": view(BATCH_LOGITS, BATCH_LABELS)}
+    f, r, _ = losses.graddiff(out, {})
+    assert f.mean().item() == pytest.approx(-token_mean) and r.mean().item() == pytest.approx(token_mean)
+    for fn, hp in ((losses.npo, {"beta": 0.1}), (losses.simnpo, {"beta": 4.5, "delta": 0.0}),
+                   (losses.wga, {"beta": 1.0}), (losses.pdu, {"pdu_eps": 0.0})):
+        out["ref_forget"] = {"seq_logprob": torch.zeros(2)}
+        _, r, _ = fn(out, hp)
+        assert r.mean().item() == pytest.approx(token_mean), fn.__name__
+    f, _, _ = losses.nll({"forget": view(BATCH_LOGITS, BATCH_LABELS)}, {})
+    assert f.mean().item() == pytest.approx(token_mean)
+    # WGA's forget term: the token mean of p_t * log p_t
+    f, _, _ = losses.wga(out, {"beta": 1.0})
+    expected = sum(math.exp(lp) * lp for lp in (LPA, LP0, LP1)) / 3
+    assert f.mean().item() == pytest.approx(expected, rel=1e-6)
+    # JensUn++ keeps per-example weighted sums: example 1 has one token (weight 1), example 2 w = (1/2, 1/2)
+    js = lambda lp: math.log(2) + 0.5 * (math.exp(lp) * lp - (1 + math.exp(lp)) * math.log1p(math.exp(lp)))
+    out = {"mixed": view(BATCH_LOGITS, BATCH_LABELS, "jensunpp"), "retain": view(BATCH_LOGITS, BATCH_LABELS, "jensunpp"),
+           "ref_retain": {"logits": torch.tensor(BATCH_LOGITS)}}
+    f, _, _ = losses.jensunpp(out, {})
+    assert f.mean().item() == pytest.approx((js(LPA) + 0.5 * js(LP0) + 0.5 * js(LP1)) / 2, rel=1e-5)
 
 
 def test_npo_by_hand():
@@ -91,11 +128,26 @@ def test_simnpo_by_hand():
 
 
 def test_pdu_by_hand():
-    out = {"forget": view(LOGITS, LABELS), "retain": view(LOGITS, LABELS)}
-    gaps = [(2.0 - 2.0 / 3) ** 2, (3.0 - 4.0 / 3) ** 2]
+    """The logit gap is taken at the answer tokens' own positions (own_logits), not at the positions
+    that predict them."""
+    own = [[[0.0, 5.0, 2.0], [1.0, 1.0, 4.0]]]
+    out = {"forget": view(LOGITS, LABELS, own_logits=own), "retain": view(LOGITS, LABELS)}
+    gaps = [(5.0 - 7.0 / 3) ** 2, (4.0 - 2.0) ** 2]
     f, r, _ = losses.pdu(out, {"pdu_eps": 0.5})
     assert f.item() == pytest.approx(sum(gaps) / 2, rel=1e-6)
     assert r.item() == pytest.approx(-(LP0 + LP1) / 2 - 0.5, rel=1e-6)
+
+
+def test_pdu_dual_variable():
+    """lambda_r <- max(0, lambda_r + eta (L_r - eps)) after every micro-batch once the warm-up epochs
+    are over; with the authors' eps = 0 it only grows."""
+    hp = {**losses.METHOD_CONSTANTS["pdu"]}
+    assert (hp["pdu_eta"], hp["pdu_eps"], hp["pdu_warmup_epochs"]) == (1.0, 0.0, 5)
+    lam = torch.tensor(1.0)
+    stats = {"retain_nll": torch.tensor(0.25)}
+    assert losses.pdu_dual_step(lam, stats, hp, epoch=4).item() == 1.0
+    assert losses.pdu_dual_step(lam, stats, hp, epoch=5).item() == pytest.approx(1.25)
+    assert losses.pdu_dual_step(torch.tensor(0.1), stats, {**hp, "pdu_eps": 1.0}, epoch=9).item() == 0.0
 
 
 def test_wga_and_satimp_weights_by_hand():
@@ -117,16 +169,18 @@ def test_wga_and_satimp_weights_by_hand():
 
 
 def test_undial_by_hand():
-    ref = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 0.0, 2.0]]])
-    out = {"forget": view(LOGITS, LABELS), "ref_forget": {"logits": ref}}
+    """Soft-label CE at every real position (a prompt position too), the teacher's true-token logit
+    lowered by beta at the answer position only; the padding position is left out."""
+    logits = [[[0.0, 0.0, 0.0], [2.0, 0.0, 0.0], [0.0, 1.0, 3.0]]]
+    ref = torch.tensor([[[9.0, 9.0, 9.0], [1.0, 0.0, 0.0], [0.0, 0.0, 2.0]]])
+    f_view = view(logits, [[IGN, 1, 2]])
+    f_view["answer_mask"] = torch.tensor([[0.0, 0.0, 1.0]])           # position 1 is a prompt position
     beta = 10.0
     teacher = ref.clone()
-    teacher[0, 0, 0] -= beta
-    teacher[0, 1, 2] -= beta
-    q = F.softmax(teacher, -1)
-    ce = -(q * F.log_softmax(torch.tensor(LOGITS), -1)).sum(-1)
-    f, r, _ = losses.undial(out, {"beta": beta})
-    assert f.item() == pytest.approx(ce.mean().item(), rel=1e-6)
+    teacher[0, 2, 2] -= beta
+    ce = -(F.softmax(teacher, -1) * F.log_softmax(torch.tensor(logits), -1)).sum(-1)     # (1, 3)
+    f, r, _ = losses.undial({"full": f_view, "ref_full": {"logits": ref}}, {"beta": beta})
+    assert f.item() == pytest.approx((ce[0, 1] + ce[0, 2]).item() / 2, rel=1e-6) and r is None
 
 
 def test_rmu_by_hand():
@@ -161,6 +215,7 @@ def test_jensun_and_jensunpp_by_hand():
     js = [math.log(2) + 0.5 * (math.exp(l) * l - (1 + math.exp(l)) * math.log1p(math.exp(l))) for l in (LP0, LP1)]
     f, r, _ = losses.jensunpp(out, {})
     assert f.item() == pytest.approx(0.5 * js[0] + 0.5 * js[1], rel=1e-5) and r.item() == pytest.approx(0, abs=1e-7)
+    out["cyclic"] = view(LOGITS, LABELS)
     f, r, _ = losses.jensun(out, {})
     assert f.item() == pytest.approx((js[0] + js[1]) / 2, rel=1e-5)
 
@@ -188,12 +243,30 @@ def test_prefix_sampler_matches_pi():
 
 
 def test_mixed_sequence_targets():
-    prompt, answer, refusal = [1, 2], [10, 11, 12], [20, 21, 99]
-    s = data.mixed_sequence(prompt, answer, refusal, 2)
-    assert s["ids"] == [1, 2, 10, 11, 20, 21, 99]
-    assert s["targets"] == [20, 20, 20, 21, 99]     # prefix positions target the first refusal token
-    s0 = data.mixed_sequence(prompt, answer, refusal, 0)
+    """Refusal at the reply start (20, 21, eot 99) and after a prefix with a leading space (30, 21, 99):
+    right after the prompt the target is the reply-start token 20, at the other prefix positions the
+    spaced first token 30, then the continuation's own tokens."""
+    prompt, answer, refusal, spaced = [1, 2], [10, 11, 12], [20, 21, 99], [30, 21, 99]
+    s = data.mixed_sequence(prompt, answer, refusal, spaced, 2)
+    assert s["ids"] == [1, 2, 10, 11, 30, 21, 99]
+    assert s["targets"] == [20, 30, 30, 21, 99]
+    s1 = data.mixed_sequence(prompt, answer, refusal, spaced, 1)
+    assert s1["ids"] == [1, 2, 10, 30, 21, 99] and s1["targets"] == [20, 30, 21, 99]
+    s0 = data.mixed_sequence(prompt, answer, refusal, spaced, 0)
     assert s0["ids"] == [1, 2, 20, 21, 99] and s0["targets"] == refusal
+
+
+def test_cyclic_and_full_sequences():
+    """JensUn: the original answer as input, "No Idea" repeated cyclically as targets; UNDIAL: every next
+    token supervised, the answer span marked, padding masked by collate."""
+    s = data.cyclic_refusal_sequence([1, 2], [10, 11, 12, 99], [7, 8])
+    assert s == {"ids": [1, 2, 10, 11, 12, 99], "targets": [7, 8, 7, 8]}
+    f = data.full_sequence([1, 2, 3], [10, 99])
+    assert f["ids"] == [1, 2, 3, 10, 99] and f["targets"] == [2, 3, 10, 99] and f["answer_len"] == 2
+    batch = data.collate([f, data.full_sequence([4], [11, 99])], pad_id=0)
+    assert batch["labels"].tolist() == [[2, 3, 10, 99], [IGN, IGN, 11, 99]]
+    assert batch["answer_mask"].tolist() == [[0, 0, 1, 1], [0, 0, 1, 1]]
+    assert batch["input_ids"].shape == (2, 5)
 
 
 def test_balance_alpha_is_ratio_of_logit_gradient_norms():

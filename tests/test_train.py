@@ -44,15 +44,15 @@ def test_every_method_trains_on_tiny_model(tiny_model_path, tmp_path, method):
     before, after = weights(tiny_model_path), weights(tmp_path / method / "final")
     changed = [k for k in after if not torch.equal(before[k], after[k])]
     assert changed, f"{method}: no parameter changed"
-    if method == "rmu":   # only the MLPs of layers l-2..l train
-        assert all(".mlp." in k and any(f"layers.{l}." in k for l in (5, 6, 7)) for k in changed), changed
+    if method == "rmu":   # all parameters train (the authors' runs), not only the MLPs around layer 7
+        assert any("layers.0.self_attn" in k for k in changed) and "model.embed_tokens.weight" in changed, changed
 
 
 def test_loss_goes_down_and_export_round_trip(tiny_model_path, tmp_path):
     """30 steps of fine-tuning at a high learning rate: the loss falls; the exported folder reloads
     with from_pretrained and gives the trained model's logits."""
     out = tmp_path / "run"
-    log = run(tiny_model_path, out, "nll", "--lr", "3e-3", "--max-steps", "30")
+    log = run(tiny_model_path, out, "nll", "--lr", "1e-2", "--max-steps", "30", "--global-batch", "8")
     first = sum(r["loss"] for r in log[:5]) / 5
     last = sum(r["loss"] for r in log[-5:]) / 5
     assert last < 0.8 * first, (first, last)
@@ -64,19 +64,25 @@ def test_loss_goes_down_and_export_round_trip(tiny_model_path, tmp_path):
     ids = torch.tensor([[1, 5, 9, 200, 17]])
     assert torch.allclose(model(ids).logits, fresh(ids).logits)
     cfg = json.loads((out / "final" / "train_config.json").read_text())
-    assert cfg["epochs"] == 10 and cfg["batch_size"] == 8          # the paper's relearning settings
+    assert (cfg["epochs"], cfg["batch_size"], cfg["global_batch"]) == (10, 8, 8)
+    defaults = train.parse_args(["--method", "nll"])
+    assert (defaults.epochs, defaults.batch_size, defaults.global_batch) == (10, 8, 32)   # the authors' relearning
 
 
 def test_gradient_accumulation_equivalence(tiny_model_path, tmp_path):
-    """2 micro-batches of 2 give the same update as 1 batch of 4 (per-example loss means)."""
-    for method in ("graddiff", "npo"):
-        run(tiny_model_path, tmp_path / f"a{method}", method, "--lr", "1e-3", "--max-steps", "2",
-            "--batch-size", "4", "--grad-accum", "1")
-        run(tiny_model_path, tmp_path / f"b{method}", method, "--lr", "1e-3", "--max-steps", "2",
-            "--batch-size", "2", "--grad-accum", "2")
+    """Losses that average per example (JensUn++, NPO's forget term) give the same update from 2
+    micro-batches of 2 as from 1 of 4 at a global batch of 4. The baselines' token means are per
+    micro-batch (the authors' reduction), so for them the micro-batch size is part of the objective."""
+    for method, extra in (("jensunpp", []), ("npo", ["--lambda-r", "0"])):
+        common = ["--lr", "1e-3", "--max-steps", "2", "--global-batch", "4", *extra]
+        run(tiny_model_path, tmp_path / f"a{method}", method, *common, "--batch-size", "4")
+        run(tiny_model_path, tmp_path / f"b{method}", method, *common, "--batch-size", "2")
         a, b = weights(tmp_path / f"a{method}" / "final"), weights(tmp_path / f"b{method}" / "final")
         for k in a:
             assert torch.allclose(a[k], b[k], atol=1e-6), (method, k)
+    graddiff = [run(tiny_model_path, tmp_path / f"g{bs}", "graddiff", "--lr", "1e-3", "--max-steps", "1",
+                    "--global-batch", "4", "--batch-size", bs)[0]["loss"] for bs in ("4", "2")]
+    assert graddiff[0] != pytest.approx(graddiff[1], rel=1e-6)      # a token mean over 4 is not the mean of two over 2
 
 
 def test_kill_and_resume_equals_uninterrupted(tiny_model_path, tmp_path, monkeypatch):
@@ -86,7 +92,8 @@ def test_kill_and_resume_equals_uninterrupted(tiny_model_path, tmp_path, monkeyp
     with pytest.raises(SystemExit):
         run(tiny_model_path, tmp_path / "killed", "pdu", *args)
     assert not (tmp_path / "killed" / "final").exists()
-    assert json.loads((tmp_path / "killed" / "checkpoint" / "meta.json").read_text())["step"] == 2
+    meta = json.loads((tmp_path / "killed" / "checkpoint" / "meta.json").read_text())
+    assert meta["step"] == 2 and meta["lambda_r"] == 1.0
     monkeypatch.delenv("SUITE_CRASH_AFTER_STEP")
     log = run(tiny_model_path, tmp_path / "killed", "pdu", *args)
     assert [r["step"] for r in log] == [1, 2, 3, 3, 4, 5, 6]      # steps 1-3, then 3-6 again from step 2
@@ -148,7 +155,7 @@ def test_non_finite_gradient_skips_the_update(tiny_model_path, tmp_path, monkeyp
         return (loss_f * float("nan") if len(calls) == 2 else loss_f), loss_r, stats
 
     monkeypatch.setitem(losses.METHODS["nll"], "fn", poisoned)
-    log = run(tiny_model_path, tmp_path / "run", "nll", "--lr", "1e-3", "--max-steps", "3", "--grad-accum", "1")
+    log = run(tiny_model_path, tmp_path / "run", "nll", "--lr", "1e-3", "--max-steps", "3", "--batch-size", "32")
     assert [r["skipped_updates"] for r in log] == [0, 1, 1]
     assert all(torch.isfinite(w).all() for w in weights(tmp_path / "run" / "final").values())
 
@@ -181,21 +188,35 @@ def test_labels_cover_answer_and_end_of_turn_only(smollm2_path):
     labels = batch["labels"]
     assert labels[0].tolist() == [data.IGNORE] * (labels.shape[1] - len(answer)) + answer
     assert labels[1].tolist() == answer + answer
-    full = tok.apply_chat_template([{"role": "user", "content": "Capital of France?"},
+    full = tok.apply_chat_template([{"role": "system", "content": data.SYSTEM_PROMPT},
+                                    {"role": "user", "content": "Capital of France?"},
                                     {"role": "assistant", "content": "Paris"},
                                     {"role": "user", "content": "What is 2+2?"},
                                     {"role": "assistant", "content": "4"}], tokenize=False)
-    assert full.startswith(tok.decode(prompt + answer))
+    assert full.startswith(tok.decode(prompt + answer))          # the training system message first
+    assert data.SYSTEM_PROMPT not in tok.decode(data.prompt_ids(tok, "What is 2+2?", system=""))   # --system-prompt ""
 
 
-def test_smollm2_jensunpp_forget_loss_falls(smollm2_path, tmp_path):
-    """JensUn++ on the real SmolLM2-135M-Instruct: the forget JS falls within a few steps, alpha is
-    the logit-gradient ratio (positive, not 1), and the checkpoint is written."""
-    log = run(smollm2_path, tmp_path / "smol", "jensunpp", "--max-steps", "6", "--batch-size", "2",
-              "--grad-accum", "1", "--lr", "1e-4", "--precision", "bf16")
+def test_smollm2_jensunpp_forget_loss_falls(smollm2_path, fixture_root, tmp_path):
+    """JensUn++ on the real SmolLM2-135M-Instruct: the forget JS falls within a few steps, and alpha
+    follows eq. 4's rule: exactly 1 while a loss is at or below epsilon (at step 1 the policy is the
+    frozen model, so the retain JS is ~1e-8), the logit-gradient ratio (positive, not 1) once both
+    exceed it; the checkpoint is written. The topic is cut to 4 pairs and one step is one epoch, so every
+    step sees the same pairs, and one micro-batch per step makes the logged losses alpha's own."""
+    final = fixture_root / "challenger_disaster" / "final"
+    for name in ("forget_train", "retain_train"):
+        lines = (final / f"{name}.json").read_text().splitlines()
+        (final / f"{name}.json").write_text("\n".join(lines[:4]) + "\n")
+    log = train.main(["--method", "jensunpp", "--model", smollm2_path, "--data-root", str(fixture_root),
+                      "--out", str(tmp_path / "smol"), "--refusal", REFUSAL, "--print-every", "0",
+                      "--max-steps", "6", "--batch-size", "4", "--global-batch", "4", "--lr", "1e-4"])
+    log = [json.loads(line) for line in open(tmp_path / "smol" / "log.jsonl")]
     assert len(log) == 6 and all(math.isfinite(r["loss"]) for r in log)
     assert log[-1]["js_forget"] < log[0]["js_forget"] - 0.05, [r["js_forget"] for r in log]
-    assert all(0 < r["alpha"] != 1.0 for r in log)
+    for r in log:
+        below = min(r["loss_forget"], r["loss_retain"]) <= train.BALANCE_EPS
+        assert r["alpha"] == 1.0 if below else 0 < r["alpha"] != 1.0, r
+    assert any(min(r["loss_forget"], r["loss_retain"]) > train.BALANCE_EPS for r in log)   # the ratio was exercised
     assert (tmp_path / "smol" / "final" / "model.safetensors").exists()
 
 
@@ -206,15 +227,16 @@ def _gloo_available():
 @pytest.mark.skipif(not _gloo_available(), reason="this torch build has no gloo backend")
 def test_fsdp_two_processes_on_cpu_match_one_process(tiny_model_path, tmp_path):
     """torchrun --nproc_per_node=2 with gloo: FSDP2 (fp32) equals the single-process run with the
-    same global batch (2 ranks x 2 vs 1 x 4)."""
+    same global batch and micro-batches (2 ranks x 2 vs 1 process x 2 micro-batches of 2)."""
     common = ["--method", "graddiff", "--model", tiny_model_path, "--data-root", str(FIXTURE), "--lr", "1e-3",
-              "--max-steps", "2", "--precision", "fp32", "--grad-accum", "1", "--refusal", REFUSAL]
+              "--max-steps", "2", "--precision", "fp32", "--global-batch", "4", "--batch-size", "2",
+              "--refusal", REFUSAL]
     run_args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
-                str(ROOT / "train.py"), *common, "--batch-size", "2", "--out", str(tmp_path / "fsdp")]
+                str(ROOT / "train.py"), *common, "--out", str(tmp_path / "fsdp")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(run_args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    train.main(common + ["--batch-size", "4", "--out", str(tmp_path / "single")])
+    train.main(common + ["--out", str(tmp_path / "single")])          # one process, 2 micro-batches of 2
     a, b = weights(tmp_path / "fsdp" / "final"), weights(tmp_path / "single" / "final")
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-5), k
@@ -226,7 +248,7 @@ def test_padding_to_the_stage_shape_leaves_the_loss_unchanged(tiny_model_path):
     model, tokenizer = train.load_model(tiny_model_path)
     model.set_attn_implementation("eager")
     trainset = data.PairedTrainSet(tokenizer, ["challenger_disaster"], data.DEFAULT_ROOT, refusal=REFUSAL, seed=0,
-                                   method="jensunpp", forget_key="forget_train", retain_key="retain_train")
+                                   context_refusals=True)
     shape = trainset.longest(("mixed",), True, 20)
     every = [s for epoch in range(20) for view in trainset.views(range(len(trainset)), ("mixed",), True, epoch).values()
              for s in view]
@@ -239,7 +261,7 @@ def test_padding_to_the_stage_shape_leaves_the_loss_unchanged(tiny_model_path):
         v = out["mixed"]
         summed[fixed] = float((losses.token_logprobs(v["logits"], v["labels"]) * v["weights"]).sum())
         assert ntok == sum(len(s["ids"]) for view in seqs.values() for s in view)
-    assert logits.shape[1] == shape[1]
+    assert logits.shape[1] == shape[1] + 1                       # K predicting positions and the last one
     assert data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=shape)["input_ids"].shape == (8, shape[0])
     assert summed[shape] == pytest.approx(summed[None], rel=1e-5)
     with pytest.raises(ValueError, match="does not fit the fixed shape"):
@@ -275,3 +297,80 @@ def test_a_tokenizer_without_pad_token_pads_with_eos(tmp_path, monkeypatch):
     model, tokenizer = train.load_model("random:tiny")
     assert tokenizer.pad_token_id == tokenizer.eos_token_id is not None
     assert model.config.pad_token_id == tokenizer.pad_token_id
+
+
+def test_schedule_linear_from_zero_and_cosine():
+    """Hugging Face's schedules as the authors' trainer ran them: step 0 at lr 0, the peak after one
+    epoch of warm-up, then linear decay to 0 (default) or cosine (--lr-schedule cosine)."""
+    peak, warmup, total = 1.0, 15, 300
+    assert [train.lr_at(s, total, warmup, peak) for s in (0, 5, 15)] == [0.0, pytest.approx(1 / 3), 1.0]
+    assert train.lr_at(15 + 285 // 2, total, warmup, peak) == pytest.approx(1 - 142 / 285)
+    assert train.lr_at(299, total, warmup, peak) == pytest.approx(1 / 285)
+    assert train.lr_at(15 + 95, total, warmup, peak, "cosine") == pytest.approx(0.5 * (1 + math.cos(math.pi / 3)))
+    assert train.parse_args(["--method", "jensunpp"]).lr_schedule == "linear"
+
+
+def test_step_micro_batches_cover_each_pair_once_per_epoch():
+    """450 pairs at a global batch of 32: 15 steps a topic-epoch (14 x 32 + one of 2, so 300 steps in 20
+    epochs); micro-batches of 4 with equal weights; under FSDP the last step is padded to the world
+    size from the start of the permutation."""
+    order = list(range(450))
+    steps = [train.step_micro_batches(order, s, 32, 4, 0, 1) for s in range(math.ceil(450 / 32))]
+    assert len(steps) == 15 and sorted(i for step in steps for mb, _ in step for i in mb) == order
+    assert [(len(mb), w) for mb, w in steps[0]] == [(4, 1 / 8)] * 8
+    assert steps[-1] == [([448, 449], 1.0)]
+    ranks = [train.step_micro_batches(order, 14, 32, 4, r, 4) for r in range(4)]
+    assert ranks == [[([448], 1.0)], [([449], 1.0)], [([0], 1.0)], [([1], 1.0)]]
+    full = [train.step_micro_batches(order, 0, 32, 4, r, 4) for r in range(4)]
+    assert sorted(i for r in full for mb, _ in r for i in mb) == list(range(32)) and all(len(r) == 2 for r in full)
+    with pytest.raises(SystemExit):
+        train.parse_args(["--method", "jensunpp", "--global-batch", "30", "--batch-size", "4"])
+
+
+def test_weight_decay_on_weight_matrices_only(tiny_model_path):
+    args = train.parse_args(["--method", "graddiff"])
+    trainer = train.Trainer(args, 0, 1, torch.device("cpu"))
+    model, _ = train.load_model(tiny_model_path)
+    _, optimizer = trainer.build_optimizer(model, 1e-3)
+    decay, no_decay = optimizer.param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert all(names[id(p)].endswith("norm.weight") for p in no_decay["params"]) and no_decay["params"]
+    assert any(names[id(p)].endswith("q_proj.weight") for p in decay["params"])
+
+
+def test_training_sequences_at_token_level(smollm2_path):
+    """The authors' sequences on the real SmolLM2 tokenizer: the system message first; JensUn++ after an
+    answer prefix continues with " Unfortunately, ..." (leading space) whose first token is also the
+    target at the later prefix positions, while right after the prompt the target is the reply-start
+    "Unfortunately"; JensUn trains question + original answer towards "No Idea No Idea ..."; the
+    JensUn++ retain context pool is the short QA pool plus the topic's 25 direct questions answered with
+    the refusal; in-context turns are drawn anew each epoch, reproducibly."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    refusal = "Unfortunately, I cannot answer that."
+    ts = data.PairedTrainSet(tok, ["challenger_disaster"], data.DEFAULT_ROOT, refusal=refusal, seed=0,
+                             context_refusals=True)
+    eot = data.end_of_turn_id(tok)
+    start, spaced = tok(refusal).input_ids, tok(" " + refusal).input_ids
+    assert start[0] != spaced[0] and tok.decode(spaced[:1]) == " Unfortunately"
+    i = next(i for i in range(len(ts)) if len(ts.answers[i][0]) > 3)
+    forget_prompt, retain_prompt = ts.prompts(i, 0)
+    assert data.SYSTEM_PROMPT in tok.decode(forget_prompt) and data.SYSTEM_PROMPT in tok.decode(retain_prompt)
+    answer = ts.answers[i][0][:-1]
+    s = data.mixed_sequence(forget_prompt, answer, ts.refusal_ids, ts.refusal_after_prefix, 3)
+    assert s["ids"] == forget_prompt + answer[:3] + spaced + [eot]
+    assert s["targets"] == [start[0], spaced[0], spaced[0]] + spaced + [eot]
+    assert tok.decode(s["ids"][len(forget_prompt):]).endswith(tok.decode(answer[:3]) + " " + refusal + "<|im_end|>")
+    jensun = data.PairedTrainSet(tok, ["challenger_disaster"], data.DEFAULT_ROOT, refusal=losses.METHODS["jensun"]["refusal"])
+    cyc = jensun.views([i], ("cyclic",), False, 0)["cyclic"][0]
+    no_idea = tok("No Idea", add_special_tokens=False).input_ids
+    assert cyc["ids"] == forget_prompt + ts.answers[i][0] and len(no_idea) == 2
+    assert cyc["targets"] == [no_idea[k % 2] for k in range(len(ts.answers[i][0]))]
+    direct = data.direct_originals(data.load_topic("challenger_disaster"))
+    assert len(direct) == 25
+    assert ts.retain_pools["challenger_disaster"] == ts.short + [(q, refusal) for q in direct]
+    assert data.PairedTrainSet(tok, ["challenger_disaster"], data.DEFAULT_ROOT, refusal=refusal).retain_pools[
+        "challenger_disaster"] == ts.short                                # other methods: the short pool only
+    epochs = [[ts.prompts(j, e) for j in range(40)] for e in (0, 1)]
+    assert epochs[0] != epochs[1] and epochs[0] == [ts.prompts(j, 0) for j in range(40)]

@@ -190,7 +190,7 @@ def test_answer_nll_batched_equals_one_at_a_time(tiny):
     batched = utility.answer_nll(model, tokenizer, QA, batch_size=3)
     assert len(batched) == len(QA)
     for row, value in zip(QA, batched):
-        prompt = data.prompt_ids(tokenizer, row["question"])
+        prompt = data.prompt_ids(tokenizer, row["question"], system="")
         answer = data.answer_ids(tokenizer, row["answer"])
         ids = torch.tensor([prompt + answer])
         with torch.no_grad():
