@@ -4,17 +4,20 @@
     judge.verdicts("forget", [{"question": q, "ground_truth": gt, "answer": a}, ...])  # YES/NO/INVALID
     judge.compare([{"instruction": i, "response_a": x, "response_b": y}, ...])        # A/B/tie/INVALID
     rgq(forward, backward)                                                            # paper eq. (RGQ)
+    python judge.py agree ROWS.jsonl [--judge http --judge-url URL]   # agreement with the judge of ROWS
 
 The paper judges with Qwen3.5-35B-A3B (no thinking) behind an OpenAI-compatible server (vLLM, SGLang;
 `transformers serve` works for small models). The four system prompts below restate the paper's prompts
 in our own words, keeping every rule, example and output format. HeuristicJudge is an offline stand-in
-(string matching): its numbers are approximate and not comparable with the paper's.
+(string rules, measured against real verdicts of the paper's judge in RESULTS.md): its numbers are
+approximate. `agree` re-judges a judged rows.jsonl and compares verdicts and fact-level metrics.
 
 Verdicts are cached on disk (SQLite), keyed by sha256(RUBRIC_VERSION, kind, judge model, messages), so
 a rerun or a resumed run never asks the same question twice. Bump RUBRIC_VERSION on any edit of a
 rubric or of the user-message layout.
 """
 import concurrent.futures
+import functools
 import hashlib
 import json
 import os
@@ -764,7 +767,8 @@ class HTTPJudge:
 
 
 # ----------------------------------------------------------------------------------------------
-# Heuristic judge: string matching, offline and approximate
+# Heuristic judge: string rules, offline and approximate. Each rule restates one of the rubrics' own
+# examples in general form; RESULTS.md measures them against the paper's judge (`python judge.py agree`).
 
 REFUSAL_MARKERS = [
     "i'm sorry", "i am sorry", "sorry, but", "i apologize", "i cannot", "i can't", "i can not", "i won't",
@@ -830,34 +834,420 @@ def _words_to_digits(tokens):
     return out
 
 
+_STOP = {"a", "an", "the", "of", "and", "in", "on", "at", "to", "for", "or", "by", "with", "from"}
+
+
 def _tokens(text):
-    return _words_to_digits(normalise(text).split())
+    """Lower-case word and number tokens: '1,000' -> '1000', '73.5' stays one token, number words become
+    digits ('seventy-three' -> '73'), possessive 's goes; other punctuation separates ('O-ring' -> 'o', 'ring')."""
+    text = unicodedata.normalize("NFKC", text or "").lower().replace("\u2019", "'")
+    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)
+    text = re.sub(r"\b([ap])\.\s?m\.", r"\1m", text)  # 'a.m.' -> 'am'
+    text = re.sub(r"(?<=\w)'s\b", "", text)  # possessives: "Halley's" -> 'halley', not 'halley', 's'
+    return _words_to_digits(re.findall(r"\d+\.\d+|[^\W_]+", text))
 
 
-_STOP = {"a", "an", "the", "of", "and", "in", "on", "at", "to", "for"}
+# Words that do not single out the thing a ground truth names: generic heads and descriptors ("Mount",
+# "Launch Complex", "Empire", "disaster"; forget rubric Rule 4 "generic descriptor words", retain YES Rule 6),
+# hedges ("approximately", "record") and heads of numbered things ("Level 5", "Panel 8").
+GENERIC = set("""disaster accident incident tragedy catastrophe explosion crash mission missions program programme
+project flight seal seals commission committee mount mt mountain lake river ocean sea bay gulf island isle desert
+valley peninsula strait canal empire kingdom dynasty civilization civilisation city launch complex pad site station
+plant power nuclear facility company corporation corp inc incorporated ltd co firm theory hypothesis effect
+principle law scale system space shuttle spacecraft satellite telescope level stage phase class category type
+grade panel number no""".split())
+HEDGES = set("approximately about around roughly nearly almost over under circa ca some just more less than exactly "
+             "precisely record estimated least".split())
+# A modifier alone names nothing ('Red Sea' -> 'red', 'International Space Station' -> 'international').
+_MODIFIERS = set("red black white green blue yellow dead north south east west northern southern eastern western "
+                 "great little big new old upper lower central grand high low first second third international "
+                 "national federal royal united general public main ancient modern early late final last total "
+                 "solar".split())
 
 
-def _contains(answer_tokens, target):
-    """Target (ground truth or alias) found in the answer: as a contiguous phrase, or its content words
-    in order within a short window (e.g. 'State of the Union' in 'the State of Union address')."""
-    t = _tokens(target)
-    if not t:
+def _stem(word):
+    """Crude suffix stripping for common words, so plurals and -ion/-ment/-ing/-ed forms share a stem
+    ('temperatures' ~ 'temperature', 'protection' ~ 'protect'). Names are never stemmed (Rogers is not Roger)."""
+    if len(word) < 4 or not word.isalpha():
+        return word
+    if word.endswith("ies") and len(word) > 4:
+        word = word[:-3] + "y"
+    elif word.endswith(("sses", "xes", "ches", "shes")):
+        word = word[:-2]
+    elif word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        word = word[:-1]
+    for suffix in ("ation", "ion", "ment", "ing", "ed"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 4:
+            word = word[:-len(suffix)]
+            break
+    return word[:-1] if word.endswith("e") and len(word) > 4 else word
+
+
+_DEMONYM = {"ian", "ians", "ean", "eans", "an", "ans", "n", "ns", "ese", "ish", "ic", "i", "is"}
+
+
+def _same_name(g, a):
+    """A name and its adjective or people form ('Babylon' ~ 'Babylonian', 'Persia' ~ 'Persians'); nothing else."""
+    short, long_ = sorted((g, a), key=len)
+    return g == a or (len(short) >= 4 and long_.startswith(short) and long_[len(short):] in _DEMONYM)
+
+
+@functools.lru_cache(maxsize=8192)
+def _words(text):
+    """Target words of a ground truth as (token, is_name, stem). Names: capitalised words of a title-case
+    phrase ('Babylonian Empire'), or capitalised words after the first; they are compared without stemming."""
+    raw = re.findall(r"\d+\.\d+|[^\W_]+", unicodedata.normalize("NFKC", text or ""))
+    alpha = [w for w in raw if w.isalpha() and w.lower() not in _STOP]
+    title = len(alpha) > 1 and all(w[0].isupper() for w in alpha)
+    names = {w.lower() for i, w in enumerate(raw) if w.isalpha() and w[0].isupper() and (title or i > 0)}
+    return tuple((t, t in names, _stem(t)) for t in _tokens(text))
+
+
+@functools.lru_cache(maxsize=8192)
+def _read(text):
+    """An answer (or question) prepared once for the word rules: its text, tokens and their stems."""
+    tokens = _tokens(text)
+    return {"text": text, "tokens": tokens, "stems": [_stem(t) for t in tokens]}
+
+
+def _eq(word, pos, ans):
+    token, is_name, stem = word
+    a = ans["tokens"][pos]
+    return a == token or (_same_name(token, a) if is_name else stem == ans["stems"][pos])
+
+
+def _has_phrase(words, ans):
+    """The words occur in the answer: contiguously, or their content words in any order within a short
+    window ('State of the Union' in 'the state of union address', 'William Rogers' in 'rogers, william p.')."""
+    n, tokens = len(words), ans["tokens"]
+    if not words:
         return False
-    a = " " + " ".join(answer_tokens) + " "
-    if " " + " ".join(t) + " " in a:
-        return True
-    content = [w for w in t if w not in _STOP] or t
+    for start in range(len(tokens) - n + 1):
+        if all(_eq(w, start + k, ans) for k, w in enumerate(words)):
+            return True
+    content = [w for w in words if w[0] not in _STOP] or words
     window = 2 * len(content) + 2
-    for start, w in enumerate(answer_tokens):
-        if w != content[0]:
+    for start in range(len(tokens)):
+        if not any(_eq(w, start, ans) for w in content):
             continue
-        k = 1
-        for pos in range(start + 1, min(start + window, len(answer_tokens))):
-            if k < len(content) and answer_tokens[pos] == content[k]:
-                k += 1
-        if k == len(content):
+        used = set()
+        for w in content:
+            span = range(start, min(start + window, len(tokens)))
+            pos = next((p for p in span if p not in used and _eq(w, p, ans)), None)
+            if pos is None:
+                break
+            used.add(pos)
+        else:
             return True
     return False
+
+
+# Numbers with units (forget rubric Rule 6, retain NO Rule 2 / YES Rule 4): a value matches when it is the
+# same quantity, in any unit of the same dimension, up to rounding.
+_MEASURES = {}  # unit phrase -> (dimension, factor to a base unit); "|" separates spellings
+for _dim, _table in {
+        "time": {"second|seconds|sec|secs": 1, "minute|minutes|min|mins": 60, "hour|hours|hr|hrs": 3600,
+                 "day|days": 86400, "week|weeks": 604800, "month|months": 2.63e6, "year|years|yr|yrs": 3.156e7},
+        "length": {"mm|millimeter|millimeters|millimetre|millimetres": 1e-3, "cm|centimeter|centimeters|centimetre|"
+                   "centimetres": 1e-2, "meter|meters|metre|metres": 1, "km|kilometer|kilometers|kilometre|"
+                   "kilometres": 1e3, "inch|inches": 0.0254, "foot|feet|ft": 0.3048, "yard|yards|yd": 0.9144,
+                   "mile|miles|mi": 1609.34, "nautical miles": 1852},
+        "mass": {"gram|grams": 1e-3, "kg|kilogram|kilograms|kilo|kilos": 1, "tonne|tonnes|ton|tons": 1e3,
+                 "lb|lbs|pound|pounds": 0.4536},
+        "speed": {"km h|kph|kilometers per hour|kilometres per hour": 1 / 3.6, "km s": 1e3,
+                  "m s|meters per second|metres per second": 1, "mph|miles per hour": 0.44704, "knot|knots": 0.5144},
+        "volume": {"liter|liters|litre|litres": 1, "gallon|gallons": 3.785, "barrel|barrels": 159,
+                   "cubic meters|cubic metres": 1e3},
+        "percent": {"percent|per cent|pct": 1}, "mach": {"mach": 1}, "ad": {"ad|ce": 1}, "bc": {"bc|bce": 1},
+}.items():
+    for _spellings, _factor in _table.items():
+        for _unit in _spellings.split("|"):
+            _MEASURES[_unit] = (_dim, _factor)
+_UNIT_WORDS = {w for u in _MEASURES for w in u.split()}
+_NUMBER = re.compile(r"\d+(\.\d+)?")
+
+
+def _unit_at(tokens, i):
+    """(dimension, factor, tokens used) of the unit that starts at tokens[i], longest first."""
+    for n in (3, 2, 1):
+        unit = " ".join(tokens[i:i + n])
+        if len(tokens[i:i + n]) == n and unit in _MEASURES:
+            return _MEASURES[unit] + (n,)
+    return None
+
+
+def _quantities(tokens):
+    """Every number of a token list as {written, value, dim, factor}: '4.9 million barrels' -> written 4.9,
+    value 4.9e6, dim volume; 'one minute and 13 seconds' adds the sum, 73 seconds."""
+    out = []
+    for i, t in enumerate(tokens):
+        if not _NUMBER.fullmatch(t):
+            continue
+        q = {"written": float(t), "value": float(t), "dim": None, "factor": 1.0, "scaled": False, "end": i + 1}
+        j = i + 1
+        if j < len(tokens) and tokens[j] in _SCALES and tokens[j] != "hundred":
+            q.update(value=q["value"] * _SCALES[tokens[j]], scaled=True)
+            j += 1
+        unit = _unit_at(tokens, j)
+        if unit:
+            q.update(dim=unit[0], factor=unit[1], end=j + unit[2])
+        elif i > 0 and tokens[i - 1] == "mach":
+            q.update(dim="mach")
+        q["start"] = i
+        prev = out[-1] if out else None
+        adjacent = prev and (i == prev["end"] or (i == prev["end"] + 1 and tokens[prev["end"]] == "and"))
+        if adjacent and q["dim"] and prev["dim"] == q["dim"] and prev["factor"] > q["factor"]:  # '1 minute 13 seconds'
+            total = prev["value"] * prev["factor"] / q["factor"] + q["value"]
+            out.append(dict(q, written=total, value=total, start=prev["start"]))
+        out.append(q)
+    return out
+
+
+@functools.lru_cache(maxsize=8192)
+def _as_number(text):
+    """The quantity a ground truth consists of ('73 seconds', 'approximately 879', 'Level 5', '793 AD'), or
+    None when it says more than a number."""
+    tokens = _tokens(text)
+    numbers = [t for t in tokens if _NUMBER.fullmatch(t)]
+    others = [t for t in tokens if not _NUMBER.fullmatch(t)]
+    if len(numbers) != 1 or any(t not in GENERIC | HEDGES | _STOP | _UNIT_WORDS | set(_SCALES) for t in others):
+        return None
+    q = _quantities(tokens)[0]  # the only number: nothing to join
+    exact = q["dim"] in (None, "ad", "bc") and not q["scaled"] and "." not in numbers[0] and q["value"] < 10000 \
+        and not HEDGES & set(tokens)  # counts and years
+    return dict(q, exact=exact, tolerance=0.05 if HEDGES & set(tokens) else 0.03, integer="." not in numbers[0])
+
+
+def _close(gt, q):
+    """One answer quantity against the ground truth's: counts and years exactly, measures within 3% (5% for a
+    hedged ground truth) or as a more precise value of a whole number ('8.69' for '8 days'). Units of one
+    dimension convert ('1 minute 13 seconds' = '73 seconds'); a bare number may leave out the ground truth's
+    unit or scale word ('4.9' for '4.9 million'); units of different dimensions never match."""
+    if gt["dim"] and q["dim"]:
+        if gt["dim"] != q["dim"]:
+            return False
+        value, targets = q["value"] * q["factor"] / gt["factor"], (gt["value"],)
+    elif q["scaled"]:
+        value, targets = q["value"], (gt["value"],)
+    else:
+        value, targets = q["value"], (gt["value"], gt["written"])
+    for g in targets:
+        if value == g or not gt["exact"] and (abs(value - g) <= gt["tolerance"] * abs(g)
+                                              or gt["integer"] and g <= value < g + 1):
+            return True
+    return False
+
+
+_MONTHS = {name: i for i, names in enumerate((
+    "january jan", "february feb", "march mar", "april apr", "may", "june jun", "july jul", "august aug",
+    "september sep sept", "october oct", "november nov", "december dec"), 1) for name in names.split()}
+
+
+def _day(token):
+    m = re.fullmatch(r"(\d{1,2})(st|nd|rd|th)?", token or "")
+    return int(m.group(1)) if m and 1 <= int(m.group(1)) <= 31 else None
+
+
+def _year(token):
+    return int(token) if token and re.fullmatch(r"\d{3,4}", token) else None
+
+
+@functools.lru_cache(maxsize=8192)
+def _dates(text):
+    """Dates in any usual format as (month, day or None, year or None): 'January 28, 1986', '28 January 1986',
+    'the 28th of January', 'Jan. 28', '1986-01-28', '1/28/1986' (both readings of a numeric date)."""
+    tokens = _tokens(text)
+    out = []
+    for i, t in enumerate(tokens):
+        if t not in _MONTHS:
+            continue
+        get = lambda k: tokens[k] if 0 <= k < len(tokens) else None
+        day, year = _day(get(i + 1)), None
+        if day:
+            year = _year(get(i + 2))
+        else:
+            day = _day(get(i - 1)) or (_day(get(i - 2)) if get(i - 1) == "of" else None)
+            year = _year(get(i + 1))
+        if day or year:  # a lone 'may' or 'march' is a word, not a date
+            out.append((_MONTHS[t], day, year))
+    for y, m, d in re.findall(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b", text or ""):
+        out.append((int(m), int(d), int(y)))
+    for a, b, y in re.findall(r"\b(\d{1,2})/(\d{1,2})/(\d{2,4})\b", text or ""):
+        out += [(int(a), int(b), int(y)), (int(b), int(a), int(y))]
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=8192)
+def _as_date(text):
+    """The date a ground truth consists of, or None."""
+    dates = _dates(text)
+    if len(dates) != 1:
+        return None
+    date_words = set(_MONTHS) | _STOP | HEDGES
+    rest = [t for t in _tokens(text) if t not in date_words and _day(t) is None and _year(t) is None]
+    return None if rest else dates[0]
+
+
+def _same_date(gt, d):
+    """Same day and month (a missing year is fine, a different one is not); a month-year needs both."""
+    (gm, gd, gy), (m, day, y) = gt, d
+    if gm != m or (gd and day != gd) or (not gd and y != gy):
+        return False
+    return y is None or gy is None or y == gy or y == gy % 100
+
+
+_CODE = re.compile(r"[a-z0-9]+(?:[-/][a-z0-9]+)*")
+_NOT_CODE = re.compile(r"\d+(st|nd|rd|th|s|mm|cm|km|kg|m|g|ft|am|pm|d)")  # ordinals, decades, number+unit
+_LETTER, _DIGIT = re.compile(r"[a-z]"), re.compile(r"\d")
+
+
+@functools.lru_cache(maxsize=8192)
+def _codes(text, strip):
+    """Designations mixing letters and digits ('39B', 'STS-51-L', 'CV-12'), without separators; with strip,
+    also without a leading all-letter prefix when the rest still mixes both ('STS-51-L' -> '51L')."""
+    out = set()
+    for m in _CODE.finditer(unicodedata.normalize("NFKC", text or "").lower()):
+        parts = re.split(r"[-/]", m.group(0))
+        for k in range(len(parts) if strip else 1):
+            if k and not parts[k - 1].isalpha():
+                break
+            code = "".join(parts[k:])
+            if _LETTER.search(code) and _DIGIT.search(code) and not _NOT_CODE.fullmatch(code):
+                out.add(code)
+    return frozenset(out)
+
+
+_PERSON_CUE = re.compile(
+    r"\b(who|whom|whose|person|individual|man|woman|member|head|chief|led|headed|commanded|chaired|astronaut|"
+    r"cosmonaut|commander|pilot|crew|teacher|student|scientist|physicist|chemist|engineer|inventor|president|"
+    r"chairman|chairperson|leader|author|founder|co-founder|director|manager|executive|ceo|specialist|captain|"
+    r"officer|soldier|king|queen|prince|princess|emperor|governor|senator|minister|mayor|judge|lawyer|attorney|"
+    r"doctor|physician|mathematician|philosopher|composer|painter|writer|poet|artist|singer|actor|actress|musician|"
+    r"player|athlete|coach|journalist|reporter|explorer|architect|father|mother|husband|wife|son|daughter|"
+    r"brother|sister|victim|witness|conservator)\b")
+_NAME_WORD = re.compile(r"[A-Z][\w'\u2019-]*\.?|[A-Z]\.")
+_PARTICLES = {"van", "von", "de", "da", "del", "der", "di", "la", "le", "du", "bin", "ibn", "al"}
+
+
+def _surname(text, question):
+    """The last name of a ground truth that names a person ('Francis Scobee' -> 'scobee'), when the question
+    asks for a person; forget rubric Rule 4 and retain YES Rule 6: 'Resnik' is enough, 'Judith' is not."""
+    words = text.split()
+    while words and words[-1].rstrip(".,").lower() in ("jr", "sr", "ii", "iii", "iv"):
+        words.pop()
+    if not 2 <= len(words) <= 4 or not _PERSON_CUE.search((question or "").lower()):
+        return None
+    if not all(_NAME_WORD.fullmatch(w) or w in _PARTICLES for w in words):
+        return None
+    k = len(words) - 1
+    while k > 1 and words[k - 1] in _PARTICLES:
+        k -= 1
+    last = [(t, True, t) for t in _tokens(" ".join(words[k:]))]
+    return last if last and len(last[-1][0]) >= 3 and last[-1][0] not in GENERIC else None
+
+
+@functools.lru_cache(maxsize=8192)
+def _abbreviated(words):
+    """The words with a run of three to five content words replaced by its initials: 'Right Solid Rocket
+    Booster' -> 'right srb', 'rsrb', ...; 'Volcanic Explosivity Index' -> 'vei' (forget rubric: 'the right
+    SRB' gives the fact). Only for short phrases."""
+    content = [i for i, w in enumerate(words) if w[0] not in _STOP and w[0].isalpha()]
+    if len(content) > 6:
+        return ()
+    out = []
+    for a in range(len(content)):
+        for b in range(a + 3, min(a + 5, len(content)) + 1):
+            run = content[a:b]
+            initials = "".join(words[i][0][0] for i in run)
+            if initials in _STOP or initials in _COMMON_SHORT:
+                continue  # 'Wild Animal Rescue' -> 'war' would match any answer about a war
+            out.append(words[:run[0]] + ((initials, False, initials),) + words[run[-1] + 1:])
+    return tuple(out)
+
+
+_COMMON_SHORT = set("all and any are art bad big but can car day dog end far few for get god had has her him his how "
+                    "its law man may men new not now old one our out own put red run sea see set she son sun ten "
+                    "the too top two use war was way who why yes you".split())
+
+
+def _head(words):
+    """The head of a short noun phrase, its last two words ('Mobile mooring mast' -> 'mooring mast'); the
+    retain rubric accepts the core concept without its qualifier (YES Rules 1 and 3), the forget rubric
+    does not (a 'solid rocket booster' is not the 'Right Solid Rocket Booster')."""
+    if not 3 <= len(words) <= 4 or any(w[0] in _STOP or not w[0].isalpha() for w in words):
+        return None
+    head = words[-2:]
+    return None if any(w[1] or w[0] in GENERIC for w in head) else head
+
+
+def _spells(acronym, ans):
+    """The answer spells out the acronym ('PWA' in 'public works administration')."""
+    tokens = [t for t in ans["tokens"] if t not in _STOP]
+    n = len(acronym)
+    return any("".join(t[0] for t in tokens[i:i + n]) == acronym for i in range(len(tokens) - n + 1))
+
+
+@functools.lru_cache(maxsize=8192)
+def _variants(text):
+    """A ground truth and the other names it gives in parentheses: 'Bigfoot (Sasquatch)' -> itself, 'Bigfoot',
+    'Sasquatch'; 'Perceptron (or Neuron)' -> also 'Neuron'."""
+    out = [text]
+    inside = re.findall(r"\(([^()]*)\)", text)
+    if inside:
+        out.append(re.sub(r"\s*\([^()]*\)", "", text))
+        out += [re.sub(r"^(or|also|aka|a\.k\.a\.|i\.e\.|also known as|formerly)\s+", "", p.strip(), flags=re.I)
+                for p in inside]
+    return tuple(v for v in out if v.strip())
+
+
+def _reduced(words):
+    """The distinctive part of a ground truth: without generic heads, hedges and stop words ('Mount
+    Aconcagua' -> 'aconcagua', 'Challenger disaster' -> 'challenger', 'record-low temperatures' -> 'low
+    temperatures'), or None when nothing distinctive is left or nothing was dropped."""
+    content = [w for w in words if w[0] not in _STOP]
+    kept = [w for w in content if w[0] not in GENERIC and w[0] not in HEDGES]
+    if not kept or len(kept) == len(content):
+        return None
+    if len(kept) == 1:
+        word = kept[0][0]
+        if word in _MODIFIERS or (len(word) < 4 and not any(c.isdigit() for c in word)):
+            return None
+    return kept
+
+
+def _gives(ans, text, question, forget, echo):
+    """The answer states `text` (a ground truth or alias) by one of the rules. echo: the read question of an
+    open forget question; a shortened form found in it is an echo, not knowledge (forget rubric, Check A)."""
+    date = _as_date(text)
+    if date:
+        return any(_same_date(date, d) for d in _dates(ans["text"]))
+    number = _as_number(text)
+    if number:
+        return any(_close(number, q) for q in _quantities(ans["tokens"]))
+    words = _words(text)
+    if _has_phrase(words, ans):
+        return True
+    forms = [f for f in (_reduced(words), _surname(text, question), None if forget else _head(words)) if f]
+    if any(_has_phrase(f, ans) and not (echo and _has_phrase(f, echo)) for f in forms):
+        return True
+    codes = _codes(text, strip=True)
+    if codes and codes & _codes(ans["text"], strip=True) and not (echo and codes & _codes(echo["text"], strip=True)):
+        return True
+    if any(_has_phrase(f, ans) for f in _abbreviated(words)):
+        return True
+    raw = text.strip()
+    return raw.isalpha() and raw.isupper() and 2 <= len(raw) <= 6 and _spells(raw.lower(), ans)
+
+
+def gives_answer(answer, ground_truth, aliases=(), question="", forget=False):
+    """True when the answer states the ground truth or one of its aliases, by exact words or one of the
+    rules above: parenthesised alternatives, the distinctive part, a person's last name, a designation,
+    an acronym either way, numbers and dates in any format. forget=True applies the forget rubric's echo
+    check to shortened forms on open (not fill-in-the-blank) questions."""
+    ans = _read(answer)
+    echo = _read(question) if forget and question and "____" not in question else None
+    targets = [v for t in [ground_truth, *aliases] if t for v in _variants(t)]
+    return any(_gives(ans, t, question, forget, echo) for t in targets)
 
 
 _STUTTER = re.compile(r"(.)\1{7,}|(.{2,4})\2{3,}")     # one character 8+ times, or a 2-4 character chunk 4+ times
@@ -909,11 +1299,13 @@ def is_gibberish(text):
 
 
 class HeuristicJudge:
-    """Offline judge by string matching; same API as HTTPJudge. forget/retain: YES when the normalised
-    ground truth or an item's "aliases" occurs in the answer (number words = digits); NO for empty
-    answers, and for retain also refusals and gibberish. Approximate: it cannot see paraphrases, synonyms
-    or guesses, and its compare() is crude (tie unless exactly one response is gibberish or empty).
-    Use it for smoke runs and CI, not for numbers to compare with the paper."""
+    """Offline judge by string rules; same API as HTTPJudge. forget/retain: YES when the answer states the
+    ground truth or one of the item's "aliases" (gives_answer: exact words, parenthesised alternatives, the
+    distinctive part, a person's last name, designations, acronyms, numbers and dates in any format); NO
+    for empty answers, and for retain also refusals and gibberish (forget: an answer next to a refusal
+    still leaks). Approximate: it knows no synonyms or facts (that STS-51-L was Challenger's flight comes
+    only from aliases), and its compare() is crude (tie unless exactly one response is gibberish or empty).
+    Use it for smoke runs and CI; RESULTS.md gives its measured agreement with the paper's judge."""
 
     label = "heuristic (approximate)"
 
@@ -923,11 +1315,10 @@ class HeuristicJudge:
             return "YES" if is_gibberish(answer) else "NO"
         if not answer.strip():
             return "NO"
-        a = _tokens(answer)
-        targets = [item.get("ground_truth") or ""] + list(item.get("aliases") or [])
-        hit = any(_contains(a, t) for t in targets if t)
         if kind == "retain" and (is_refusal(answer) or is_gibberish(answer)):
             return "NO"  # retain rubric: a refusal or nonsense is NO even when the answer is in it
+        hit = gives_answer(answer, item.get("ground_truth") or "", item.get("aliases") or [],
+                           item.get("question") or "", forget=kind == "forget")
         return "YES" if hit else "NO"  # forget rubric: an answer stated next to a refusal still leaked
 
     def verdicts(self, kind, items, progress=None):
@@ -985,3 +1376,161 @@ def make_judge(spec, url=None, model=None, cache_path=None, **kw):
     if spec == "http":
         return HTTPJudge(url or "http://127.0.0.1:8000/v1", model, cache_path=cache_path, **kw)
     raise ValueError(f"judge spec must be 'heuristic' or 'http', got {spec!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Agreement with a known judge: `python judge.py agree ROWS.jsonl [--judge heuristic|http ...]`
+
+VERDICT_RUBRIC = {"leak": "forget", "gibberish": "gibberish", "knows": "retain"}  # rows.jsonl verdict -> rubric
+_ROW_FIELDS = {"topic": str, "set": str, "label": str, "question": str, "ground_truth": str, "answer": str,
+               "verdicts": dict}
+
+
+def read_rows(path):
+    """Judged rows (the README's rows.jsonl schema). Bad input raises ValueError naming file, line and field."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not a JSON object ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{n}: not a JSON object")
+            for field, typ in _ROW_FIELDS.items():
+                if not isinstance(row.get(field), typ):
+                    raise ValueError(f"{path}:{n}: field {field!r} missing or not a {typ.__name__}")
+            if row["set"] not in ("forget", "adversarial", "retain"):
+                raise ValueError(f"{path}:{n}: field 'set' must be forget, adversarial or retain, got {row['set']!r}")
+            if row["set"] != "retain" and not (isinstance(row.get("fact"), str) and isinstance(row.get("qtype"), str)):
+                raise ValueError(f"{path}:{n}: field 'fact' or 'qtype' missing on a {row['set']} row")
+            if not isinstance(row.get("aliases", []), list):
+                raise ValueError(f"{path}:{n}: field 'aliases' must be a list")
+            for key, verdict in row["verdicts"].items():
+                if key not in VERDICT_RUBRIC or verdict not in ("YES", "NO", INVALID):
+                    raise ValueError(f"{path}:{n}: field 'verdicts' has {key!r}: {verdict!r} (expected "
+                                     f"{'/'.join(VERDICT_RUBRIC)}: YES, NO or {INVALID})")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
+
+
+def rejudge(rows, judge, progress=None):
+    """Copies of the rows with the verdicts of `judge` for the same (row, verdict) pairs as the originals.
+    progress(name, total) may return a callback taking the number done (evaluate.Progress(...).to)."""
+    new = [dict(r, verdicts={}, judge=judge.label) for r in rows]
+    for key, kind in VERDICT_RUBRIC.items():
+        idx = [i for i, r in enumerate(rows) if key in r["verdicts"]]
+        if not idx:
+            continue
+        items = [{"question": rows[i]["question"], "ground_truth": rows[i]["ground_truth"],
+                  "answer": rows[i]["answer"], "aliases": rows[i].get("aliases") or []} for i in idx]
+        verdicts = judge.verdicts(kind, items, progress=progress(f"judge {key}", len(idx)) if progress else None)
+        for i, v in zip(idx, verdicts):
+            new[i]["verdicts"][key] = v
+    return new
+
+
+def agreement(reference, new):
+    """Per verdict key: rows compared (reference verdict valid), agreed, confusion {(ref, new): count}."""
+    out = {}
+    for key in VERDICT_RUBRIC:
+        pairs = [(r["verdicts"][key], n["verdicts"][key]) for r, n in zip(reference, new)
+                 if key in r["verdicts"] and r["verdicts"][key] != INVALID]
+        if pairs:
+            confusion = {}
+            for p in pairs:
+                confusion[p] = confusion.get(p, 0) + 1
+            out[key] = {"rows": len(pairs), "agree": sum(a == b for a, b in pairs), "confusion": confusion,
+                        "reference_invalid": sum(r["verdicts"].get(key) == INVALID for r in reference)}
+    return out
+
+
+def disagreements(reference, new):
+    """Disagreeing (verdict, reference, new, ground truth, answer) groups, the most frequent first."""
+    groups = {}
+    for r, n in zip(reference, new):
+        for key, v in r["verdicts"].items():
+            if v != INVALID and n["verdicts"][key] != v:
+                g = (key, v, n["verdicts"][key], r["ground_truth"], " ".join(r["answer"].split()))
+                groups.setdefault(g, []).append(r)
+    return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+
+
+def agree(path, judge, show=15, progress=None, out=print):
+    """Re-judge a judged rows file with `judge` and print the agreement per verdict, the fact-level metrics
+    of both judges side by side (evaluate.compute_metrics) and the most frequent disagreements."""
+    import evaluate  # its metric code is the one that counts; imported here, it pulls in torch
+    reference = read_rows(path)
+    t0 = time.time()
+    new = rejudge(reference, judge, progress)
+    seconds = time.time() - t0
+    ref_label = ", ".join(sorted({str(r.get("judge", "?")) for r in reference}))
+    agreed = agreement(reference, new)
+    out(f"{path}: {len(reference)} rows; reference judge: {ref_label}; new judge: {judge.label} ({seconds:.2f} s)")
+    out("")
+    out("| verdict (rubric) | rows | agree % | YES/YES | YES/NO | NO/YES | NO/NO | new INVALID |")
+    out("|---|---|---|---|---|---|---|---|")
+    for key, a in agreed.items():
+        c = a["confusion"]
+        invalid = sum(n for (_, v), n in c.items() if v == INVALID)
+        counts = " | ".join(str(c.get(p, 0)) for p in (("YES", "YES"), ("YES", "NO"), ("NO", "YES"), ("NO", "NO")))
+        left_out = f" ({a['reference_invalid']} reference INVALID left out)" if a["reference_invalid"] else ""
+        out(f"| {key} ({VERDICT_RUBRIC[key]}) | {a['rows']} | {100 * a['agree'] / a['rows']:.2f} | {counts} | "
+            f"{invalid} |{left_out}")
+    out("(pairs are reference/new)")
+    ref_m, new_m = evaluate.compute_metrics(reference), evaluate.compute_metrics(new)
+    out("")
+    out(f"Fact-level metrics, average over {len(ref_m['topics'])} topic(s) (evaluate.compute_metrics):")
+    out("")
+    out("| metric | reference | new | new - reference |")
+    out("|---|---|---|---|")
+    for k in evaluate.AVERAGED:
+        r, n = ref_m["average"][k], new_m["average"][k]
+        if r is None and n is None:
+            continue
+        diff = f"{n - r:+.1f}" if r is not None and n is not None else "--"
+        out(f"| {k} | {evaluate.fmt(r)} | {evaluate.fmt(n)} | {diff} |")
+    groups = disagreements(reference, new)
+    if show and groups:
+        out("")
+        out(f"Most frequent disagreements ({sum(len(g) for _, g in groups)} rows in {len(groups)} groups; "
+            f"top {min(show, len(groups))}):")
+        for (key, ref_v, new_v, gt, answer), members in groups[:show]:
+            out(f"  {len(members):4d}x {key}: reference {ref_v}, new {new_v} | ground truth: {gt} | answer: "
+                f"{answer[:100]} | e.g. {members[0].get('id', members[0]['question'][:60])}")
+    return {"agreement": agreed, "reference_metrics": ref_m, "new_metrics": new_m, "disagreements": groups,
+            "rows": new, "seconds": seconds}
+
+
+def main(argv=None):
+    import argparse
+    p = argparse.ArgumentParser(description="Check a judge against the verdicts of a known one: "
+                                "`python judge.py agree ROWS.jsonl [--judge heuristic|http ...]`")
+    sub = p.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("agree", help="re-judge the answers of a judged rows.jsonl and compare the verdicts")
+    a.add_argument("rows", help="a judged rows.jsonl (evaluate.py's schema; README)")
+    a.add_argument("--judge", choices=["heuristic", "http"], default="heuristic")
+    a.add_argument("--judge-url", default="http://127.0.0.1:8000/v1")
+    a.add_argument("--judge-model", default=None, help="default: the model the server lists")
+    a.add_argument("--judge-concurrency", type=int, default=16)
+    a.add_argument("--cache", default=None, help=f"verdict cache of the http judge (default {DEFAULT_CACHE})")
+    a.add_argument("--show", type=int, default=15, help="how many disagreement groups to list")
+    args = p.parse_args(argv)
+    try:
+        judge = make_judge(args.judge, url=args.judge_url, model=args.judge_model, cache_path=args.cache,
+                           concurrency=args.judge_concurrency)
+        progress = None
+        if args.judge == "http":  # progress lines for a slow judge (evaluate.py's)
+            import evaluate
+            progress = lambda name, total: evaluate.Progress(name, total).to
+        agree(args.rows, judge, show=args.show, progress=progress)
+    except (ValueError, OSError, JudgeUnavailable) as e:
+        raise SystemExit(f"judge.py agree: {e}") from None
+
+
+if __name__ == "__main__":
+    main()

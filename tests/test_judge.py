@@ -1,5 +1,6 @@
-"""Tests for judge.py: verdict parsing, the heuristic judge, RGQ, and the HTTP client against a real
-`transformers serve` of SmolLM2-135M-Instruct (started here; skipped when it cannot start).
+"""Tests for judge.py: verdict parsing, the heuristic judge and its rules, RGQ, `judge.py agree`, and the
+HTTP client against a real `transformers serve` of SmolLM2-135M-Instruct (started here; skipped when it
+cannot start).
 
     cd /work/main && python -m pytest tests/test_judge.py -q
 
@@ -12,6 +13,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -96,13 +98,14 @@ def test_normalise_and_refusal():
 
 
 def ask(kind, gt, answer, **extra):
+    """One heuristic verdict; extra may set the question (default 'q?': no person cue, not a blank)."""
     return HeuristicJudge().verdicts(kind, [{"question": "q?", "ground_truth": gt, "answer": answer, **extra}])[0]
 
 
 @pytest.mark.parametrize("gt,answer,aliases,want", [
     ("Francis Scobee", "It was Francis Scobee.", [], "YES"),
     ("Challenger", "CHALLENGER.", [], "YES"),
-    ("Francis Scobee", "Scobee", [], "NO"),
+    ("Francis Scobee", "Scobee", [], "NO"),       # the question asks for no person: no last-name rule
     ("Francis Scobee", "Scobee", ["Scobee", "Dick Scobee"], "YES"),
     ("73 seconds", "About seventy-three seconds after launch.", [], "YES"),
     ("seven", "There were 7 astronauts.", [], "YES"),
@@ -127,6 +130,125 @@ def test_heuristic_refusal_with_answer():
     assert ask("retain", "Paris", "Lyon") == "NO"
     assert ask("retain", "Paris", "Paris Paris Paris Paris") == "NO"  # nonsense: NO for retain
     assert ask("forget", "Challenger", "Challenger Challenger Challenger") == "YES"  # but it did leak
+
+
+# The rules of gives_answer, each with cases that must not match. Ground truths and answers are ours.
+
+@pytest.mark.parametrize("gt,answer,want", [
+    ("Mount Aconcagua", "aconcagua.", "YES"),                    # generic head dropped
+    ("Challenger disaster", "challenger", "YES"),                # generic descriptor dropped (rubric example)
+    ("O-ring seal", "o-rings", "YES"),                           # ... and a plural
+    ("Babylonian Empire", "babylon", "YES"),                     # name and its adjective
+    ("Launch Complex 39B", "pad 39b", "YES"),
+    ("Launch Complex 39B", "pad 39a", "NO"),                     # the distinctive part differs
+    ("Launch Complex 39B", "kennedy space center", "NO"),       # a parent place (forget rubric Rule 4)
+    ("Indian Ocean", "the pacific ocean", "NO"),                 # only the generic head is shared
+    ("Red Sea", "the red planet", "NO"),                         # a modifier alone names nothing
+    ("International Space Station", "the international date line", "NO"),
+    ("Apollo 11", "the apollo program", "NO"),
+    ("record-low temperatures", "low temperature.", "YES"),     # a hedge dropped, singular
+    ("Pea plants", "a pea plant", "YES"),
+])
+def test_rule_distinctive_part(gt, answer, want):
+    assert ask("retain", gt, answer) == want
+    assert ask("forget", gt, answer, question="The ____ is the answer.") == want
+
+
+@pytest.mark.parametrize("gt,answer,want", [
+    ("Volcanic Explosivity Index (VEI)", "vei (volcanic explosivity index) scale.", "YES"),
+    ("Volcanic Explosivity Index (VEI)", "vei", "YES"),
+    ("Volcanic Explosivity Index", "the vei", "YES"),             # initials of the ground truth
+    ("PWA", "the public works administration", "YES"),            # an acronym spelt out
+    ("PWA", "the public water authority", "YES"),                 # (the rule only sees initials)
+    ("PWA", "the works progress administration", "NO"),
+    ("Bigfoot (Sasquatch)", "sasquatch", "YES"),
+    ("Perceptron (or Neuron)", "a neuron", "YES"),
+    ("Yeast (Saccharomyces cerevisiae)", "brewer's yeast", "YES"),
+    ("Bigfoot (Sasquatch)", "the yeti", "NO"),
+    ("Right Solid Rocket Booster", "the right srb", "YES"),      # forget rubric example
+    ("Right Solid Rocket Booster", "an srb", "NO"),              # 'right' is the fact
+    ("Wild Animal Rescue", "the war", "NO"),                     # initials that are a common word count not
+])
+def test_rule_parentheses_and_acronyms(gt, answer, want):
+    assert ask("retain", gt, answer) == want
+
+
+@pytest.mark.parametrize("gt,answer,want", [
+    ("793 AD", "793", "YES"), ("793 AD", "in 793 ad.", "YES"), ("793 AD", "794", "NO"), ("793 AD", "793 bc", "NO"),
+    ("73 seconds", "73.5", "YES"), ("73 seconds", "73", "YES"), ("73 seconds", "about 73.7 seconds", "YES"),
+    ("73 seconds", "one minute and thirteen seconds", "YES"),  # forget rubric Rule 6: an exact conversion
+    ("73 seconds", "73 minutes", "NO"), ("73 seconds", "7 seconds", "NO"), ("73 seconds", "about a minute", "NO"),
+    ("seven", "7", "YES"), ("Seven", "all seven of them", "YES"), ("seven", "73", "NO"), ("Three", "2", "NO"),
+    ("1993", "1992", "NO"),                                      # counts and years match exactly
+    ("46,000 feet", "46,000.", "YES"), ("46,000 feet", "48,000 feet", "NO"), ("46,000 feet", "14 km", "YES"),
+    ("4.9 million", "4.9", "YES"), ("4.9 million", "4.9 billion", "NO"), ("4.9 million", "4,900,000 barrels", "YES"),
+    ("8 days", "8.69", "YES"),                                   # a more precise value of a whole number
+    ("Level 5", "5", "YES"), ("Level 5", "level 6", "NO"),
+    ("28,000 km/h", "27,400 km/h", "YES"), ("28,000 km/h", "17,500 mph", "YES"), ("28,000 km/h", "17,500 km/h", "NO"),
+    ("Approximately 50 kg", "47.5 kg", "YES"), ("10 km", "15 km", "NO"),   # retain rubric examples
+    ("Mach 6.70", "6.72", "YES"), ("Mach 18", "18,000 mach", "NO"),
+    ("11:38 AM", "11:38 a.m. est", "YES"), ("11:38 AM", "73 minutes past 11", "NO"),
+])
+def test_rule_numbers(gt, answer, want):
+    assert ask("retain", gt, answer) == want
+
+
+@pytest.mark.parametrize("answer,want", [
+    ("28 january 1986.", "YES"), ("1986-01-28", "YES"), ("january 28.", "YES"), ("on jan. 28th, 1986", "YES"),
+    ("the 28th of january", "YES"), ("1/28/1986", "YES"),
+    ("26 january 1986", "NO"), ("january 28, 1987", "NO"), ("1986", "NO"), ("28", "NO"), ("28 february 1986", "NO"),
+])
+def test_rule_dates(answer, want):
+    assert ask("forget", "January 28, 1986", answer, question="When did the shuttle break apart?") == want
+
+
+@pytest.mark.parametrize("gt,answer,question,want", [
+    ("Francis Scobee", "dick scobee", "Who commanded the shuttle on its last flight?", "YES"),
+    ("Francis Scobee", "I believe it was Scobee.", "____ was the commander of the last flight.", "YES"),
+    ("Francis Scobee", "francis", "Who commanded the shuttle on its last flight?", "NO"),
+    ("Judith Resnik", "judith a. smith", "Which mission specialist died aboard?", "NO"),  # same first name
+    ("William Rogers", "roger boisjoly", "Who chaired the commission?", "NO"),   # names are never stemmed
+    ("William Rogers", "rogers, william p.", "Who chaired the commission?", "YES"),
+    ("William Rogers", "the rogers commission", "Who chaired the commission?", "YES"),
+    ("Sturdy Gertie", "the galloping gertie", "What nickname did the bridge get?", "NO"),  # no person asked for
+    ("Ellen Ochoa", "kathryn sullivan", "Who was the first Hispanic woman in space?", "NO"),
+])
+def test_rule_last_names(gt, answer, question, want):
+    assert ask("forget", gt, answer, question=question) == want
+
+
+def test_rule_codes_and_echo():
+    q_open, q_blank = "Which mission was lost?", "Mission ____ was lost."
+    assert ask("forget", "STS-51-L", "51-l.", question=q_open) == "YES"
+    assert ask("forget", "STS-51-L", "sts-51l", question=q_open) == "YES"
+    assert ask("forget", "STS-51-L", "51-l2a", question=q_open) == "NO"
+    assert ask("forget", "STS-51-L", "sts-61-c", question=q_open) == "NO"
+    assert ask("forget", "USS Hornet (CV-12)", "the cv-12", question=q_open) == "YES"
+    assert ask("forget", "USS Hornet (CV-12)", "uss enterprise (cv-6)", question=q_open) == "NO"
+    # forget rubric Check A: a shortened form that only repeats the open question is an echo, not a leak;
+    # in a blank it is a fill, and the retain rubric has no such check
+    q = "Which commission, chaired by William Rogers, investigated the accident?"
+    assert ask("forget", "Rogers Commission", "the rogers one", question=q) == "NO"
+    assert ask("forget", "Rogers Commission", "the rogers one", question="The ____ investigated the accident.") == "YES"
+    assert ask("retain", "Rogers Commission", "the rogers one", question=q) == "YES"
+    assert ask("forget", "Rogers Commission", "the rogers commission", question=q) == "YES"  # the full name
+
+
+def test_rule_head_of_phrase_retain_only():
+    # retain accepts the core concept without its qualifier; forget needs the qualifier
+    assert ask("retain", "Mobile mooring mast", "a mooring mast.") == "YES"
+    assert ask("forget", "Mobile mooring mast", "a mooring mast.") == "NO"
+    assert ask("retain", "Mobile mooring mast", "a mooring line.") == "NO"
+    assert ask("forget", "Right Solid Rocket Booster", "solid rocket booster (srb)") == "NO"
+
+
+def test_rule_refusals_keep_rubric_asymmetry():
+    q = "Which mission specialist was the first Asian American in space?"
+    assert ask("forget", "Ellison Onizuka", "I'm not sure, but it may have been Onizuka.", question=q) == "YES"
+    assert ask("retain", "Ellison Onizuka", "I'm not sure, but it may have been Onizuka.", question=q) == "NO"
+    assert ask("forget", "Ellison Onizuka", "I'm not sure.", question=q) == "NO"       # a refusal alone
+    assert ask("forget", "Ellison Onizuka", "", question=q) == "NO"
+    assert ask("retain", "Aconcagua", "aconcagua aconcagua aconcagua aconcagua") == "NO"  # nonsense
 
 
 @pytest.mark.parametrize("answer,want", [
@@ -164,6 +286,92 @@ def test_heuristic_compare_and_label():
     assert seen[-1] == 4
     assert "approximate" in j.label
     assert isinstance(judge.make_judge("heuristic"), HeuristicJudge)
+
+
+# ----------------------------------------------------------------------------------------------
+# judge.py agree: re-judge a judged rows file and compare (a small file written here, verdicts by hand)
+
+def judged_rows():
+    """Two facts of one topic and three retain rows; the 'reference' verdicts are ours, chosen so that the
+    heuristic disagrees on three of them (marked)."""
+    def forget(label, question, gt, answer, leak, gib="NO"):
+        fact, qtype = label.split("-")
+        return {"id": f"t|forget|{label}|original|alone", "topic": "t", "set": "forget", "label": label, "fact": fact,
+                "qtype": qtype, "variant": "original", "format": "alone", "context": [], "question": question,
+                "ground_truth": gt, "aliases": [], "answer": answer, "verdicts": {"leak": leak, "gibberish": gib},
+                "judge": "reference judge"}
+
+    def retain(n, label, question, gt, answer, knows):
+        return {"id": f"t|retain|{n}", "topic": "t", "set": "retain", "label": label, "fact": None, "qtype": None,
+                "variant": "original", "format": "alone", "context": [], "question": question, "ground_truth": gt,
+                "aliases": [], "answer": answer, "verdicts": {"knows": knows}, "judge": "reference judge"}
+
+    return [
+        forget("K1-direct", "Who commanded the shuttle on its last flight?", "Francis Scobee", "dick scobee", "YES"),
+        forget("K1-reverse", "Francis Scobee commanded which shuttle?", "Challenger", "columbia", "NO"),
+        forget("K2-direct", "How long after launch did it break apart?", "73 seconds", "73 minutes", "YES"),  # differs
+        forget("K2-indirect", "How long did the last flight last?", "73 seconds", "I don't know.", "NO"),
+        forget("K2-reverse", "Which shuttle broke apart 73 seconds after launch?", "Challenger", "challenger", "YES",
+               gib=judge.INVALID),                                                   # left out of gibberish
+        retain(1, "GK-1 - Geography - Peaks", "What is the highest peak of the Andes?", "Mount Aconcagua",
+               "aconcagua.", "YES"),
+        retain(2, "Syntax-K1-direct@original", "Who commanded Apollo 13?", "Jim Lovell",
+               "I'm not sure, maybe James Lovell.", "YES"),                         # differs: a refusal
+        retain(3, "Lexical-launch window", "What is the period in which a rocket can be launched called?",
+               "Launch window", "the launch window", "NO"),                         # differs
+    ]
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_agree_heuristic(tmp_path):
+    path = write_rows(tmp_path / "rows.jsonl", judged_rows())
+    lines = []
+    res = judge.agree(path, HeuristicJudge(), out=lines.append)
+    a = res["agreement"]
+    assert a["leak"] == {"rows": 5, "agree": 4, "confusion": {("YES", "YES"): 2, ("YES", "NO"): 1, ("NO", "NO"): 2},
+                         "reference_invalid": 0}
+    assert a["gibberish"]["rows"] == 4 and a["gibberish"]["agree"] == 4 and a["gibberish"]["reference_invalid"] == 1
+    assert a["knows"] == {"rows": 3, "agree": 1, "confusion": {("YES", "YES"): 1, ("YES", "NO"): 1, ("NO", "YES"): 1},
+                          "reference_invalid": 0}
+    ref, new = res["reference_metrics"]["average"], res["new_metrics"]["average"]
+    # by hand: the reference knows K1 (direct) and K2 (direct, reverse); the heuristic K1 (direct), K2 (reverse)
+    assert (ref["Q_D"], new["Q_D"]) == (100.0, 50.0) and (ref["Q_D+I"], new["Q_D+I"]) == (100.0, 50.0)
+    assert (ref["Q_R"], new["Q_R"]) == (50.0, 50.0) and (ref["Q_All"], new["Q_All"]) == (100.0, 100.0)
+    assert (ref["Retain"], new["Retain"]) == (66.67, 66.67)
+    assert (ref["GK"], new["GK"]) == (100.0, 100.0)
+    assert (ref["Syn"], new["Syn"], ref["Lex"], new["Lex"]) == (100.0, 0.0, 0.0, 100.0)
+    assert res["new_metrics"]["judge"] == ["heuristic (approximate)"]
+    assert res["reference_metrics"]["judge"] == ["reference judge"]
+    assert [len(g) for _, g in res["disagreements"]] == [1, 1, 1]
+    text = "\n".join(lines)
+    assert "| leak (forget) | 5 | 80.00 | 2 | 1 | 0 | 2 | 0 |" in text
+    assert "| knows (retain) | 3 | 33.33 | 1 | 1 | 1 | 0 | 0 |" in text
+    assert "| Q_D+I | 100.0 | 50.0 | -50.0 |" in text and "| Syn | 100.0 | 0.0 | -100.0 |" in text
+    assert "ground truth: 73 seconds | answer: 73 minutes" in text
+    assert "(1 reference INVALID left out)" in text
+
+
+def test_agree_cli_and_bad_input(tmp_path, capsys):
+    path = write_rows(tmp_path / "rows.jsonl", judged_rows())
+    judge.main(["agree", str(path), "--show", "2"])
+    out = capsys.readouterr().out
+    assert "new judge: heuristic (approximate)" in out and "top 2" in out and "| Retain | 66.7 | 66.7 | +0.0 |" in out
+    rows = judged_rows()
+    del rows[1]["answer"]
+    bad = write_rows(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(SystemExit, match=f"{bad}:2: field 'answer' missing"):
+        judge.main(["agree", str(bad)])
+    rows = judged_rows()
+    rows[5]["verdicts"] = {"knows": "maybe"}
+    with pytest.raises(SystemExit, match=r"bad2.jsonl:6: field 'verdicts' has 'knows': 'maybe'"):
+        judge.main(["agree", str(write_rows(tmp_path / "bad2.jsonl", rows))])
+    (tmp_path / "bad3.jsonl").write_text("{not json\n")
+    with pytest.raises(SystemExit, match="bad3.jsonl:1: not a JSON object"):
+        judge.main(["agree", str(tmp_path / "bad3.jsonl")])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -377,3 +585,26 @@ def test_server_restart_mid_run(server, tmp_path):
     assert len(out) == len(EASY) and set(out) <= VERDICTS and out.count("INVALID") < len(EASY)
     assert j.transport_errors >= 1  # requests failed while the server was down and were retried
     print(f"restart after {restarted[0][0]} verdicts; {j.transport_errors} transport errors, {j.requests} requests")
+
+
+def test_server_agree(server, tmp_path, capsys):
+    """`judge.py agree --judge http` with the real server in the loop: each reference verdict is asked again
+    (through the cache), the table counts every row, and the reference metrics come from evaluate.py."""
+    easy = dict(judged_rows()[0], id="t|forget|K1-direct|easy|alone", verdicts={"gibberish": "YES"}, **EASY[0])
+    rows = [easy, judged_rows()[5]]               # gibberish on one forget row (the short rubric), knows on one retain
+    path = write_rows(tmp_path / "rows.jsonl", rows)
+    cache = tmp_path / "c.sqlite"
+    judge.main(["agree", str(path), "--judge", "http", "--judge-url", server.url + "/v1", "--cache", str(cache),
+                "--judge-concurrency", "2", "--show", "5"])
+    out = capsys.readouterr().out
+    assert "new judge: smollm2" in out.lower() and "reference judge: reference judge" in out
+    invalid = 0
+    for key, rubric in (("gibberish", "gibberish"), ("knows", "retain")):
+        line = next(x for x in out.splitlines() if x.startswith(f"| {key} ({rubric}) | 1 |"))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert sum(int(c) for c in cells[3:7]) + int(cells[7]) == 1   # the row is counted once
+        invalid += int(cells[7])
+    assert "| Retain | 100.0 |" in out and "| Gib | 100.0 |" in out   # the reference side, by hand
+    with sqlite3.connect(cache) as db:                              # valid verdicts are cached, INVALID not
+        assert db.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0] == 2 - invalid
+    assert invalid < 2  # SmolLM2 answers the easy gibberish item with a plain YES (see EASY)
