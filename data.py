@@ -1,9 +1,9 @@
 """SUITE data: loading any root in the official layout, chat formatting with answer-only labels,
 paired training batches, and the `build` / `validate` / `stats` commands for our own release.
 
-    python data.py validate [--topic T] [--data-root data/suite]
+    python data.py validate [--topic T] [--data-root data/suite] [--strict | --no-strict] [--partial]
     python data.py build --topic T
-    python data.py stats --topic T
+    python data.py stats [--topic T] --data-root data/suite [--data-root PATH2]   # side by side
 
 Layout and counts: ../shared/SUITE_FORMAT.md; our source format: data/README.md.
 """
@@ -31,19 +31,21 @@ IGNORE = -100
 
 
 class DataError(ValueError):
-    """A defect in a data file, located by file, line and field."""
+    """A defect in a data file, located by file, line and field. A warning is a defect that a reader
+    can live with (the validator lists it but still passes)."""
 
-    def __init__(self, path, line, field, rule):
-        self.path, self.line, self.field, self.rule = str(path), line, field, rule
+    def __init__(self, path, line, field, rule, warning=False):
+        self.path, self.line, self.field, self.rule, self.warning = str(path), line, field, rule, warning
         where = f"{path}" + (f":{line}" if line else "") + (f" field '{field}'" if field else "")
-        super().__init__(f"{where}: {rule}")
+        super().__init__(("warning: " if warning else "") + f"{where}: {rule}")
 
 
 # ----------------------------------------------------------------------------------------------
 # Reading files
 
-def read_jsonl(path):
-    """Rows of a JSON Lines file, each with its 1-based line number under '_line'."""
+def read_jsonl(path, errors=None):
+    """Rows of a JSON Lines file, each with its 1-based line number under '_line'. A bad line raises,
+    or, when an `errors` list is given, is appended to it and skipped (the validator reports them all)."""
     path = Path(path)
     if not path.exists():
         raise DataError(path, None, None, "file is missing")
@@ -51,12 +53,18 @@ def read_jsonl(path):
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
+        problem = None
         try:
             row = json.loads(line)
+            if not isinstance(row, dict):
+                problem = "a line must hold one JSON object"
         except json.JSONDecodeError as e:
-            raise DataError(path, n, None, f"not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise DataError(path, n, None, "a line must hold one JSON object")
+            problem = f"not valid JSON ({e.msg})"
+        if problem:
+            if errors is None:
+                raise DataError(path, n, None, problem)
+            errors.append(DataError(path, n, None, problem))
+            continue
         row["_line"] = n
         rows.append(row)
     return rows
@@ -94,7 +102,8 @@ def topic_paths(root, topic):
 
 
 def load_topic(topic, root=DEFAULT_ROOT):
-    """All files of one topic: dict of lists of row dicts (question, answer, label, ...)."""
+    """All files of one topic: dict of lists of row dicts (question, answer, label, ...; rows of our
+    release may add their own `aliases`, rows of the official release have none)."""
     paths = topic_paths(root, topic)
     data = {name: read_jsonl(paths[name]) for name in FINAL_FILES}
     data["adversarial"] = read_json_array(paths["adversarial"])
@@ -106,7 +115,6 @@ def load_topic(topic, root=DEFAULT_ROOT):
         raise DataError(paths["retain_train"], None, None,
                         f"has {len(data['retain_train'])} rows but forget_train has {len(data['forget_train'])}: "
                         "line i of each file is trained together, so the counts must match")
-    data["aliases"] = load_aliases(topic)
     return data
 
 
@@ -123,18 +131,6 @@ def load_pools(root=DEFAULT_ROOT):
         require_text(refusal_path, row, "question")
     return {"short_context": [(r["prompt"], r["response"]) for r in short],
             "refusal_questions": [r["question"] for r in refusal]}
-
-
-def load_aliases(topic, source_root=SOURCE_ROOT):
-    """{normalised answer: [aliases]} from our source files (the official release has none)."""
-    out = {}
-    files = list((Path(source_root) / topic).glob("*.jsonl")) + [Path(source_root) / "general_knowledge.jsonl"]
-    for path in files:
-        if path.exists():
-            for row in read_jsonl(path):
-                if isinstance(row.get("answer"), str) and row.get("aliases"):
-                    out.setdefault(normalise(row["answer"]), []).extend(row["aliases"])
-    return out
 
 
 def fact_of(label):
@@ -394,7 +390,7 @@ def injection_rows(files):
 
 
 # ----------------------------------------------------------------------------------------------
-# Text normalisation of the validator and the alias lookup (judge.py normalises answers its own way)
+# Text normalisation of the validator and the stats (judge.py normalises answers its own way)
 
 def normalise(text):
     """Lower case, punctuation removed (the blank `____` kept as one token), whitespace collapsed."""
@@ -408,12 +404,19 @@ def trigrams(text):
     return {tuple(words[i:i + 3]) for i in range(max(1, len(words) - 2))}
 
 
+def trigram_jaccard(a, b):
+    ta, tb = trigrams(a), trigrams(b)
+    return len(ta & tb) / max(1, len(ta | tb))
+
+
 def near_duplicate(a, b, threshold=0.5):
     """Equal after normalisation, or word-trigram Jaccard >= threshold (see data/README.md)."""
-    if normalise(a) == normalise(b):
-        return True
-    ta, tb = trigrams(a), trigrams(b)
-    return len(ta & tb) / max(1, len(ta | tb)) >= threshold
+    return normalise(a) == normalise(b) or trigram_jaccard(a, b) >= threshold
+
+
+def opener(text):
+    """The first three words of a wording, normalised (the blank shown as ____)."""
+    return " ".join(normalise(text).split()[:3]).replace("zzblankzz", BLANK)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -502,13 +505,17 @@ def build_topic(topic, root=DEFAULT_ROOT, source_root=SOURCE_ROOT, seed=0):
     if missing:
         raise DataError(Path(source_root) / topic / "forget.jsonl", None, "label", f"missing questions {missing}")
 
-    def qa(question, answer, label):
-        return {"question": question, "answer": answer, "label": label}
+    def qa(question, answer, label, source_row):
+        """A release row; it carries the aliases of its own source row (never another row's)."""
+        row = {"question": question, "answer": answer, "label": label}
+        if source_row.get("aliases"):
+            row["aliases"] = list(source_row["aliases"])
+        return row
 
-    forget_eval = [qa(forget[l]["question"], forget[l]["answer"], l) for l in labels]
+    forget_eval = [qa(forget[l]["question"], forget[l]["answer"], l, forget[l]) for l in labels]
     rephrasings = []
     for l in labels:
-        row = dict(qa(forget[l]["question"], forget[l]["answer"], l))
+        row = qa(forget[l]["question"], forget[l]["answer"], l, forget[l])
         row.update({v: variant_text(forget[l], v) for v in EVAL_VARIANTS[1:]})
         rephrasings.append(row)
     adv_rows = []
@@ -516,31 +523,31 @@ def build_topic(topic, root=DEFAULT_ROOT, source_root=SOURCE_ROOT, seed=0):
         l = f"{fact}-direct"
         src = adversarial[l]
         q = forget[l]["question"]
-        row = qa(q, forget[l]["answer"], l)
+        row = qa(q, forget[l]["answer"], l, forget[l])
         for v in ADV_VARIANTS:
             row[v] = src.get(v)
         row["q_scrambled"] = scrambled(q, rng)
         row["q_random_capslock"] = random_capslock(q, rng)
         row["q_leet_speak"] = leet_speak(q, rng)
-        adv_rows.append({k: row[k] for k in ["question", "answer", "label"] + ADV_VARIANTS})
+        adv_rows.append({k: row[k] for k in ["question", "answer", "label", "aliases"] + ADV_VARIANTS if k in row})
 
     tiers = info["tiers"]
     semantic_label = lambda r: f"Semantic-{r['tier']}-{tiers[str(r['tier'])]}"
     gk_label = lambda r: f"GK-{r['id']} - {r['field']} - {r['subfield']}"
     lexical_label = lambda r: f"Lexical-{r['phrase']}"
-    retain_eval = [qa(r["question"], r["answer"], f"Syntax-{r['mirrors']}") for r in syntax if r["split"] == "eval"]
-    retain_eval += [qa(r["question"], r["answer"], semantic_label(r))
+    retain_eval = [qa(r["question"], r["answer"], f"Syntax-{r['mirrors']}", r) for r in syntax if r["split"] == "eval"]
+    retain_eval += [qa(r["question"], r["answer"], semantic_label(r), r)
                     for r in sorted((r for r in semantic if r["split"] == "eval"), key=lambda r: r["tier"])]
-    retain_eval += [qa(r["question"], r["answer"], gk_label(r)) for r in gk if r["split"] == "eval"]
-    retain_eval += [qa(r["question"], r["answer"], lexical_label(r)) for r in lexical if r["split"] == "eval"]
+    retain_eval += [qa(r["question"], r["answer"], gk_label(r), r) for r in gk if r["split"] == "eval"]
+    retain_eval += [qa(r["question"], r["answer"], lexical_label(r), r) for r in lexical if r["split"] == "eval"]
 
     # Pairing. Syntax rows first, each with the exact forget wording it mirrors.
     forget_train, retain_train = [], []
     used = collections.defaultdict(set)
     for r in (r for r in syntax if r["split"] == "train"):
         label, _, variant = r["mirrors"].partition("@")
-        forget_train.append(qa(variant_text(forget[label], variant), forget[label]["answer"], r["mirrors"]))
-        retain_train.append(qa(r["question"], r["answer"], f"Syntax-{r['mirrors']}"))
+        forget_train.append(qa(variant_text(forget[label], variant), forget[label]["answer"], r["mirrors"], forget[label]))
+        retain_train.append(qa(r["question"], r["answer"], f"Syntax-{r['mirrors']}", r))
         used[label].add(variant)
     # Then blocks of 25 retain rows: semantic tiers in order, general knowledge, lexical.
     blocks_rows = [(semantic_label(r), r) for r in sorted((r for r in semantic if r["split"] == "train"),
@@ -579,8 +586,9 @@ def build_topic(topic, root=DEFAULT_ROOT, source_root=SOURCE_ROOT, seed=0):
         rng.shuffle(block_slots)
         for (label, variant), (retain_label, r) in zip(block_slots, blocks_rows[25 * b:25 * b + 25]):
             fmt = retain_format(variant)
-            forget_train.append(qa(variant_text(forget[label], variant), forget[label]["answer"], f"{label}@{variant}"))
-            retain_train.append(qa(retain_text(r, fmt), r["answer"], f"{retain_label}@{fmt}"))
+            forget_train.append(qa(variant_text(forget[label], variant), forget[label]["answer"], f"{label}@{variant}",
+                                   forget[label]))
+            retain_train.append(qa(retain_text(r, fmt), r["answer"], f"{retain_label}@{fmt}", r))
 
     final = Path(root) / topic / "final"
     final.mkdir(parents=True, exist_ok=True)
@@ -597,19 +605,30 @@ def build_topic(topic, root=DEFAULT_ROOT, source_root=SOURCE_ROOT, seed=0):
 
 
 # ----------------------------------------------------------------------------------------------
-# Validation
+# Validation. Two levels (data/README.md): the authors' release grammar, which any SUITE root must
+# follow (errors), and our stricter rules (--strict, on for data/suite). Without --strict the quality
+# rules (blanks, near-duplicates, answers in questions, placeholder rows, openers...) are warnings.
 
 FACT_RE = r"(?:M[1-5]|K(?:20|1[0-9]|[1-9]))"
 TRAIN_VARIANT_RE = r"(?:original|q_claude(?:10|[1-9])|blank_claude[1-5])"
 EVAL_VARIANT_RE = r"(?:original|q_gemini(?:10|[1-9])|blank_gemini[1-5])"
-LABEL_RULES = {
+FORMAT_RE = r"@(?:original|q|blank)"
+# The authors' release (SUITE_FORMAT.md): GK and Lexical rows of retain_train carry no format suffix;
+# retain_eval Syntax rows name the train wording whose skeleton they copy.
+RELEASE_LABEL_RULES = {
     "forget_train": re.compile(rf"{FACT_RE}-(?:direct|reverse)@{TRAIN_VARIANT_RE}"),
     "forget_eval": re.compile(rf"{FACT_RE}-(?:direct|reverse|indirect)"),
     "forget_eval_rephrasings": re.compile(rf"{FACT_RE}-(?:direct|reverse|indirect)"),
     "adversarial": re.compile(rf"{FACT_RE}-direct"),
     "retain_train": re.compile(rf"Syntax-{FACT_RE}-(?:direct|reverse)@{TRAIN_VARIANT_RE}|"
-                               r"Semantic-(?:1[0]|[0-9])-.+@(?:original|q|blank)|GK-\d+ - .+ - .+@(?:original|q|blank)|"
-                               r"Lexical-.+@(?:original|q|blank)"),
+                               rf"Semantic-(?:10|[0-9])-.+{FORMAT_RE}|GK-\d+ - .+ - .+|Lexical-.+"),
+    "retain_eval": re.compile(rf"Syntax-{FACT_RE}-(?:direct|reverse)@(?:{TRAIN_VARIANT_RE}|{EVAL_VARIANT_RE})|"
+                              r"Semantic-(?:1[0-5]|[0-9])-.+|GK-\d+ - .+ - .+|Lexical-.+"),
+}
+# Ours: every retain_train row names the format it was written in; eval Syntax rows mirror eval wordings.
+STRICT_LABEL_RULES = RELEASE_LABEL_RULES | {
+    "retain_train": re.compile(rf"Syntax-{FACT_RE}-(?:direct|reverse)@{TRAIN_VARIANT_RE}|"
+                               rf"Semantic-(?:10|[0-9])-.+{FORMAT_RE}|GK-\d+ - .+ - .+{FORMAT_RE}|Lexical-.+{FORMAT_RE}"),
     "retain_eval": re.compile(rf"Syntax-{FACT_RE}-(?:direct|reverse)@{EVAL_VARIANT_RE}|"
                               r"Semantic-(?:1[0-5]|[0-9])-.+|GK-\d+ - .+ - .+|Lexical-.+"),
 }
@@ -618,13 +637,34 @@ FULL_COUNTS = {"forget_train": 450, "retain_train": 450, "forget_eval": 75, "for
                "retain_eval": 650, "adversarial": 25}
 RETAIN_EVAL_COUNTS = {"Syntax": 100, "GK": 100, "Lexical": 50}
 RETAIN_TRAIN_COUNTS = {"Syntax": 75, "GK": 50, "Lexical": 50}
+# No variant slot carries a house style: at most this share of a slot's wordings open with the same three
+# words (slots of fewer rows, e.g. a small fixture, are too small for a share to mean anything).
+OPENER_MAX_SHARE = 0.2
+OPENER_MIN_ROWS = 10
+# A placeholder row ("The answer is ____.") has no word outside these.
+PLACEHOLDER_WORDS = {"the", "a", "an", "answer", "is", "was", "are", "it", "this", "here", "question", "blank",
+                     "fill", "in", "placeholder", "todo", "tbd", "xxx", "zzblankzz"}
 
 
 def category(label):
-    """'Semantic-3-...' -> ('Semantic', 3); 'GK-12 - ...' -> ('GK', None); etc."""
+    """'Semantic-3-...' -> ('Semantic', 3); 'GK-12 - ...' -> ('GK', None); etc. (tier None when the
+    label does not name one)."""
     kind = label.split("-", 1)[0]
-    tier = int(label.split("-")[1]) if kind == "Semantic" else None
-    return kind, tier
+    tier = label.split("-")[1] if kind == "Semantic" and label.count("-") >= 2 else None
+    return kind, int(tier) if tier is not None and tier.isdigit() else None
+
+
+def written_as(name, label):
+    """The format a row's label says it was written in: 'blank', 'question', or None when the label
+    does not say (GK and Lexical rows of the authors' retain_train)."""
+    variant = label.rpartition("@")[2] if "@" in label else ""
+    if name in ("forget_eval", "forget_eval_rephrasings", "adversarial"):
+        return "question"
+    if name == "retain_eval":
+        return "blank" if variant.startswith("blank") else "question"
+    if not variant:
+        return None if name == "retain_train" else "question"
+    return "blank" if variant.startswith("blank") else "question"
 
 
 def answer_in_question(answer, question):
@@ -636,39 +676,88 @@ def answer_in_question(answer, question):
     return re.search(rf"(?:^| ){re.escape(a)}(?: |$)", q) is not None
 
 
-def validate_topic(topic, root=DEFAULT_ROOT, partial=False, source_root=SOURCE_ROOT):
-    """All violations of one topic of a SUITE root (official layout), as DataErrors."""
-    errors = []
+def starts_a_word(phrase, text):
+    """`phrase` occurs in `text` (case-insensitive) beginning at the start of a word: 'died' is not in
+    'studied', 'liver' not in 'deliver', while a stem such as 'pancrea' still finds 'pancreatic'."""
+    return re.search(rf"(?<!\w){re.escape(phrase.lower())}", text.lower()) is not None
+
+
+def is_placeholder(text):
+    """A wording with no content word, e.g. 'The answer is ____.'"""
+    return not set(normalise(text).split()) - PLACEHOLDER_WORDS
+
+
+def is_our_release(root):
+    return Path(root).resolve() == DEFAULT_ROOT.resolve()
+
+
+def validate_topic(topic, root=DEFAULT_ROOT, partial=False, strict=None, source_root=None):
+    """Every violation of one topic of a SUITE root (official layout), each once, as DataErrors;
+    those with `.warning` set do not fail validation. `strict` (default: on for our data/suite only)
+    adds our label grammar and makes the quality rules errors. `source_root` holds the topic.json
+    whose forbidden phrases the retain rows must avoid: by default data/source for our release, and
+    nothing for any other root (our topic rules never apply to someone else's data)."""
+    ours = is_our_release(root)
+    strict = ours if strict is None else strict
+    source_root = SOURCE_ROOT if source_root is None and ours else source_root
     paths = topic_paths(root, topic)
-    files = {}
-    for name in FINAL_FILES + ["adversarial"]:
-        try:
-            files[name] = read_jsonl(paths[name]) if name != "adversarial" else read_json_array(paths[name])
-        except DataError as e:
-            errors.append(e)
-    if errors:
-        return errors
+    found, seen = [], set()
+
+    def report(error):
+        if str(error) not in seen:
+            seen.add(str(error))
+            found.append(error)
 
     def err(name, row, field, rule):
-        errors.append(DataError(paths[name], row.get("_line") if row else None, field, rule))
+        report(DataError(paths[name], row.get("_line") if row else None, field, rule))
 
+    def flag(name, row, field, rule):
+        """A quality rule: an error under --strict, a warning otherwise."""
+        report(DataError(paths[name], row.get("_line") if row else None, field, rule, warning=not strict))
+
+    # Files and the fields of every row. Rows with a missing field are left out of the rules below
+    # (counted as rows all the same, so that one defect is reported once).
+    files, n_rows = {}, {}
+    for name in FINAL_FILES + ["adversarial"]:
+        bad_lines = []
+        try:
+            files[name] = read_jsonl(paths[name], bad_lines) if name != "adversarial" else read_json_array(paths[name])
+            n_rows[name] = len(files[name]) + len(bad_lines)
+        except DataError as e:
+            bad_lines.append(e)
+        for e in bad_lines:
+            report(e)
+    if len(files) < len(FINAL_FILES) + 1:
+        return found                              # the rules below compare the files with one another
+    label_rules = STRICT_LABEL_RULES if strict else RELEASE_LABEL_RULES
+    usable = {}
     for name, rows in files.items():
-        for row in rows:
+        usable[name] = []
+        for i, row in enumerate(rows):
             if not isinstance(row, dict):
-                err(name, {}, None, "each element must be a JSON object")
+                err(name, None, None, f"element {i + 1} must be a JSON object")
                 continue
-            for field in ("question", "answer", "label"):
-                if not isinstance(row.get(field), str) or not row[field].strip():
-                    err(name, row, field, "must be a non-empty string")
-            if isinstance(row.get("label"), str) and not LABEL_RULES[name].fullmatch(row["label"]):
-                err(name, row, "label", f"'{row['label']}' does not follow the label grammar of {name}")
-    if errors:
-        return errors
+            missing = [f for f in ("question", "answer", "label") if not isinstance(row.get(f), str) or not row[f].strip()]
+            for field in missing:
+                err(name, row, field, "must be a non-empty string")
+            if "label" not in missing and not label_rules[name].fullmatch(row["label"]):
+                lenient = RELEASE_LABEL_RULES[name].fullmatch(row["label"])
+                err(name, row, "label", f"'{row['label']}' does not follow the label grammar of {name}"
+                    + (" (ours, --strict; the authors' release grammar allows it)" if lenient else ""))
+            aliases = row.get("aliases", [])
+            if not isinstance(aliases, list) or not all(isinstance(a, str) and a.strip() for a in aliases):
+                err(name, row, "aliases", "must be a list of non-empty strings")
+                row["aliases"] = []
+            if not missing:
+                usable[name].append(row)
+                if BLANK in row["answer"]:
+                    flag(name, row, "answer", "is a placeholder, not an answer")
 
     # Counts
-    ft, rt, fe, fr, re_, adv = (files[n] for n in FINAL_FILES + ["adversarial"])
-    if len(ft) != len(rt):
-        err("retain_train", None, None, f"{len(rt)} rows but forget_train has {len(ft)}: line i of each is a training pair")
+    if n_rows["forget_train"] != n_rows["retain_train"]:
+        err("retain_train", None, None, f"{n_rows['retain_train']} rows but forget_train has "
+            f"{n_rows['forget_train']}: line i of each is a training pair")
+    ft, rt, fe, fr, re_, adv = (usable[n] for n in FINAL_FILES + ["adversarial"])
     has_tier0 = any(category(r["label"]) == ("Semantic", 0) for r in re_)
     if not partial:
         expected = dict(FULL_COUNTS)
@@ -676,32 +765,26 @@ def validate_topic(topic, root=DEFAULT_ROOT, partial=False, source_root=SOURCE_R
             for n in ("forget_train", "retain_train", "retain_eval"):
                 expected[n] -= 25
         for name, n in expected.items():
-            if len(files[name]) != n:
-                err(name, None, None, f"has {len(files[name])} rows; the release has {n}")
+            if n_rows[name] != n:
+                err(name, None, None, f"has {n_rows[name]} rows; the release has {n}")
         facts = {fact_of(r["label"])[0] for r in fe}
-        if facts != set(FACTS):
+        if not facts >= set(FACTS):
             err("forget_eval", None, "label", f"facts {sorted(set(FACTS) - facts)} are missing")
-        by_cat = collections.Counter(category(r["label"]) for r in re_)
-        for kind, n in RETAIN_EVAL_COUNTS.items():
-            if by_cat[(kind, None)] != n:
-                err("retain_eval", None, "label", f"{by_cat[(kind, None)]} {kind} rows; the release has {n}")
-        for tier in range(0 if has_tier0 else 1, 16):
-            if by_cat[("Semantic", tier)] != 25:
-                err("retain_eval", None, "label", f"{by_cat[('Semantic', tier)]} rows of semantic tier {tier}; expected 25")
-        by_cat = collections.Counter(category(r["label"]) for r in rt)
-        for kind, n in RETAIN_TRAIN_COUNTS.items():
-            if by_cat[(kind, None)] != n:
-                err("retain_train", None, "label", f"{by_cat[(kind, None)]} {kind} rows; the release has {n}")
-        for tier in range(0 if has_tier0 else 1, 11):
-            if by_cat[("Semantic", tier)] != 25:
-                err("retain_train", None, "label", f"{by_cat[('Semantic', tier)]} rows of semantic tier {tier}; expected 25")
+        for name, counts, tiers in (("retain_eval", RETAIN_EVAL_COUNTS, 16), ("retain_train", RETAIN_TRAIN_COUNTS, 11)):
+            by_cat = collections.Counter(category(r["label"]) for r in usable[name])
+            for kind, n in counts.items():
+                if by_cat[(kind, None)] != n:
+                    err(name, None, "label", f"{by_cat[(kind, None)]} {kind} rows; the release has {n}")
+            for tier in range(0 if has_tier0 else 1, tiers):
+                if by_cat[("Semantic", tier)] != 25:
+                    err(name, None, "label", f"{by_cat[('Semantic', tier)]} rows of semantic tier {tier}; expected 25")
 
     # Every forget fact has all its wordings
     eval_labels = collections.Counter(r["label"] for r in fe)
     for label, n in eval_labels.items():
         if n > 1:
             err("forget_eval", None, "label", f"'{label}' appears {n} times")
-    for fact in {fact_of(l)[0] for l in eval_labels}:
+    for fact in sorted({fact_of(l)[0] for l in eval_labels}):
         for qtype in ("direct", "reverse", "indirect"):
             if f"{fact}-{qtype}" not in eval_labels:
                 err("forget_eval", None, "label", f"fact {fact} has no {qtype} question")
@@ -710,7 +793,7 @@ def validate_topic(topic, root=DEFAULT_ROOT, partial=False, source_root=SOURCE_R
     base = {r["label"]: r for r in fe}
     for r in fr:
         if r["label"] in base and (r["question"], r["answer"]) != (base[r["label"]]["question"], base[r["label"]]["answer"]):
-            err("forget_eval_rephrasings", r, "question", "differs from the forget_eval row with the same label")
+            flag("forget_eval_rephrasings", r, "question", "differs from the forget_eval row with the same label")
         for v in EVAL_VARIANTS[1:]:
             if not isinstance(r.get(v), str) or not r[v].strip():
                 err("forget_eval_rephrasings", r, v, "missing eval variant")
@@ -719,86 +802,116 @@ def validate_topic(topic, root=DEFAULT_ROOT, partial=False, source_root=SOURCE_R
         fact, qtype, variant = fact_of(r["label"])
         train_wordings[f"{fact}-{qtype}"].setdefault(variant, (r["question"], r))
         if r["label"].split("@")[0] in base and r["answer"] != base[r["label"].split("@")[0]]["answer"]:
-            err("forget_train", r, "answer", "differs from the answer of the same question in forget_eval")
+            flag("forget_train", r, "answer", "differs from the answer of the same question in forget_eval")
     for label in eval_labels:
         if not label.endswith("indirect") and label not in train_wordings:
             err("forget_train", None, "label", f"'{label}' never appears in training")
+    # A wording label must always carry the same text
+    first_text = {}
+    for r in ft:
+        if r["label"] in first_text and first_text[r["label"]] != r["question"]:
+            flag("forget_train", r, "question", f"'{r['label']}' has different text on another line")
+        first_text.setdefault(r["label"], r["question"])
 
-    # Wordings: blanks, distinctness, no train/eval overlap
+    # Near-duplicate wordings: inside a question's eval variants, eval against train, inside train
     for r in fr:
         wordings = [("original", r["question"])] + [(v, r.get(v)) for v in EVAL_VARIANTS[1:] if isinstance(r.get(v), str)]
         for i, (va, ta) in enumerate(wordings):
             for vb, tb in wordings[i + 1:]:
                 if near_duplicate(ta, tb):
-                    err("forget_eval_rephrasings", r, vb, f"near-duplicate of {va} (same wording or word-trigram Jaccard >= 0.5)")
+                    flag("forget_eval_rephrasings", r, vb, f"near-duplicate of {va} (same wording or word-trigram Jaccard >= 0.5)")
         for v, text in wordings[1:]:
             for tv, (tt, trow) in train_wordings.get(r["label"], {}).items():
                 if near_duplicate(text, tt):
-                    err("forget_eval_rephrasings", r, v, f"near-duplicate of the train wording {r['label']}@{tv} "
-                        f"(forget_train line {trow['_line']})")
+                    flag("forget_eval_rephrasings", r, v, f"near-duplicate of the train wording {r['label']}@{tv} "
+                         f"(forget_train line {trow['_line']})")
     for label, variants in train_wordings.items():
         items = list(variants.items())
         for i, (va, (ta, _)) in enumerate(items):
             for vb, (tb, rb) in items[i + 1:]:
                 if near_duplicate(ta, tb):
-                    err("forget_train", rb, "question", f"{label}@{vb} is a near-duplicate of {label}@{va}")
-    # A wording label must always carry the same text
-    seen = {}
-    for r in ft:
-        if r["label"] in seen and seen[r["label"]] != r["question"]:
-            err("forget_train", r, "question", f"'{r['label']}' has different text on another line")
-        seen.setdefault(r["label"], r["question"])
+                    flag("forget_train", rb, "question", f"{label}@{vb} is a near-duplicate of {label}@{va}")
 
-    def check_blank(name, row, field, text, is_blank):
+    # Every distinct wording once, where it first appears: (file, row, field, text)
+    wordings, done = [], set()
+    for r in fr:
+        for v in EVAL_VARIANTS:
+            text = r["question"] if v == "original" else r.get(v)
+            if isinstance(text, str) and text.strip():
+                wordings.append(("forget_eval_rephrasings", r, "question" if v == "original" else v, text))
+                done.add((r["label"], text))
+    for name in ("forget_eval", "forget_train"):
+        for r in usable[name]:
+            key = (r["label"].split("@")[0] if name == "forget_train" else r["label"], r["question"])
+            if key not in done:
+                wordings.append((name, r, "question", r["question"]))
+                done.add(key)
+    wordings += [(name, r, "question", r["question"]) for name in ("retain_train", "retain_eval") for r in usable[name]]
+
+    for name, r, field, text in wordings:
+        # Blanks: a fill-in-the-blank wording holds exactly one; no other wording holds one
+        fmt = written_as(name, r["label"]) if field == "question" else ("blank" if field.startswith("blank_") else "question")
         n = text.count(BLANK)
-        if is_blank and n != 1:
-            err(name, row, field, f"a fill-in-the-blank variant must hold exactly one '{BLANK}' (found {n})")
-        if not is_blank and n:
-            err(name, row, field, f"only fill-in-the-blank variants may hold '{BLANK}'")
+        if is_placeholder(text):
+            flag(name, r, field, "is a placeholder, not a question")
+        elif fmt == "blank" and n != 1:
+            flag(name, r, field, f"a fill-in-the-blank variant must hold exactly one '{BLANK}' (found {n})")
+        elif fmt == "question" and n:
+            flag(name, r, field, f"only fill-in-the-blank variants may hold '{BLANK}'")
+        # The answer and the row's own aliases are not given away by the question (a Lexical row may
+        # need its phrase in the answer: the release's Lexical rows are exempt outside --strict)
+        lexical = name.startswith("retain") and category(r["label"])[0] == "Lexical"
+        if answer_in_question(r["answer"], text) and (strict or not lexical):
+            flag(name, r, field, f"contains its own answer '{r['answer']}'")
+        for alias in r.get("aliases", []):
+            if answer_in_question(alias, text):
+                flag(name, r, field, f"contains its own alias '{alias}'")
 
-    for r in ft:
-        check_blank("forget_train", r, "question", r["question"], "@blank_" in r["label"])
-    for r in rt:
-        check_blank("retain_train", r, "question", r["question"], r["label"].endswith("@blank") or "@blank_" in r["label"])
+    # No variant slot has a house style (a dominant opener)
+    slots = collections.defaultdict(list)                   # (file, field, variant) -> [(opener, row)]
     for r in fr:
         for v in EVAL_VARIANTS:
             text = r["question"] if v == "original" else r.get(v)
             if isinstance(text, str):
-                check_blank("forget_eval_rephrasings", r, "question" if v == "original" else v, text, v.startswith("blank_"))
-    for r in re_:
-        check_blank("retain_eval", r, "question", r["question"], "@blank_" in r["label"])
+                slots[("forget_eval_rephrasings", "question" if v == "original" else v, v)].append((opener(text), r))
+    for variants in train_wordings.values():
+        for v, (text, row) in variants.items():
+            slots[("forget_train", "question", v)].append((opener(text), row))
+    for (name, field, v), items in slots.items():
+        if len(items) < OPENER_MIN_ROWS:
+            continue
+        for words, n in collections.Counter(o for o, _ in items).most_common():
+            if n <= OPENER_MAX_SHARE * len(items):
+                break
+            lines = sorted(row["_line"] for o, row in items if o == words)
+            flag(name, None, field, f"{n} of the {len(items)} '{v}' wordings ({n / len(items):.1%}) open with '{words}' "
+                 f"(lines {', '.join(map(str, lines[:8]))}{', ...' if len(lines) > 8 else ''}); at most "
+                 f"{OPENER_MAX_SHARE:.0%} of a slot may share its first three words")
 
-    # The answer is not given away by its own question
-    for name in ("forget_train", "retain_train", "forget_eval", "retain_eval"):
-        for r in files[name]:
-            if answer_in_question(r["answer"], r["question"]):
-                err(name, r, "question", f"contains its own answer '{r['answer']}'")
-    for r in fr:
-        for v in EVAL_VARIANTS[1:]:
-            if isinstance(r.get(v), str) and answer_in_question(r["answer"], r[v]):
-                err("forget_eval_rephrasings", r, v, f"contains its own answer '{r['answer']}'")
-
-    # Retain rows never name the forget topic; no duplicate questions across the retain pool
+    # Retain rows never name the forget topic (our topic.json; only for our own release); no
+    # duplicate questions across the retain pool
     forbidden, together = [], {}
-    if (Path(source_root) / topic / "topic.json").exists():
-        info = topic_info(topic, source_root)
-        forbidden = [p.lower() for p in info["forbidden_in_retain"]]
-        together = info.get("forbidden_together", {})
+    if source_root is not None:
+        try:
+            info = topic_info(topic, source_root)
+            forbidden, together = info["forbidden_in_retain"], info.get("forbidden_together", {})
+        except DataError as e:
+            report(e)
     seen_q = {}
     for name in ("retain_train", "retain_eval"):
-        for r in files[name]:
-            low = f"{r['question']} {r['answer']}".lower()
+        for r in usable[name]:
+            text = f"{r['question']} {r['answer']}"
             for phrase in forbidden:
-                if phrase in low:
-                    err(name, r, "question", f"contains the forget-topic phrase '{phrase}'")
+                if starts_a_word(phrase, text):
+                    err(name, r, "question", f"contains the forget-topic phrase '{phrase.lower()}'")
             for entity, words in together.items():       # e.g. "Jobs" never next to his illness
-                if re.search(rf"\b{re.escape(entity)}\b", f"{r['question']} {r['answer']}"):
+                if re.search(rf"\b{re.escape(entity)}\b", text):
                     for word in words:
-                        if word in low:
+                        if starts_a_word(word, text):
                             err(name, r, "question", f"names '{entity}' together with '{word}' (the forget topic)")
             key = normalise(r["question"])
             if key in seen_q:
-                err(name, r, "question", f"duplicates {seen_q[key]}")
+                flag(name, r, "question", f"duplicates {seen_q[key]}")
             seen_q.setdefault(key, f"{name} line {r['_line']}")
 
     # Adversarial rows complete and tied to the direct questions
@@ -806,13 +919,13 @@ def validate_topic(topic, root=DEFAULT_ROOT, partial=False, source_root=SOURCE_R
         for v in ADV_VARIANTS:
             if not isinstance(r.get(v), str) or not r[v].strip():
                 err("adversarial", r, v, "missing adversarial variant")
-        if r.get("label") in base and r.get("question") != base[r["label"]]["question"]:
-            err("adversarial", r, "question", "differs from the direct question in forget_eval")
-    adv_labels = {r.get("label") for r in adv}
+        if r["label"] in base and r["question"] != base[r["label"]]["question"]:
+            flag("adversarial", r, "question", "differs from the direct question in forget_eval")
+    adv_labels = {r["label"] for r in adv}
     for label in eval_labels:
         if label.endswith("-direct") and label not in adv_labels:
             err("adversarial", None, "label", f"no adversarial row for {label}")
-    return errors
+    return found
 
 
 def validate_source(topic, source_root=SOURCE_ROOT):
@@ -861,45 +974,95 @@ def validate_source(topic, source_root=SOURCE_ROOT):
     return errors
 
 
-def stats(topic, root=DEFAULT_ROOT):
-    """Rows per file and per category, in the layout of SUITE_FORMAT.md's counts table."""
+def release_stats(topic, root=DEFAULT_ROOT):
+    """{measure: value} of one topic of a SUITE root, in print order: rows per file and label category,
+    mean lengths, paraphrase diversity (mean pairwise word-trigram Jaccard among the wordings of one
+    question: lower is more diverse) and the most common opener of every variant slot."""
     d = load_topic(topic, root)
-    lines = [f"{'file':<26}{'rows':>6}  made of"]
-    ft = collections.Counter(fact_of(r["label"])[1] for r in d["forget_train"])
+    out = {f"{name} rows": len(d[name]) for name in FINAL_FILES + ["adversarial"]}
+    types = collections.Counter(fact_of(r["label"])[1] for r in d["forget_train"])
     per_q = collections.Counter(r["label"].split("@")[0] for r in d["forget_train"])
-    direct = sorted({n for l, n in per_q.items() if l.endswith("direct")})
-    reverse = sorted({n for l, n in per_q.items() if l.endswith("reverse")})
-    lines.append(f"{'forget_train':<26}{len(d['forget_train']):>6}  {ft['direct']} direct (each question {direct} times)"
-                 f" + {ft['reverse']} reverse (each {reverse} times)")
+    times = lambda qtype: sorted({n for l, n in per_q.items() if l.endswith(f"-{qtype}")})
+    out["forget_train direct / reverse rows"] = f"{types['direct']} / {types['reverse']}"
+    out["forget_train times per question"] = f"direct {times('direct')}, reverse {times('reverse')}"
+    types = collections.Counter(fact_of(r["label"])[1] for r in d["forget_eval"])
+    out["forget_eval direct / reverse / indirect"] = f"{types['direct']} / {types['reverse']} / {types['indirect']}"
     for name in ("retain_train", "retain_eval"):
         cats = collections.Counter(category(r["label"]) for r in d[name])
         kinds = collections.Counter(k for k, _ in cats.elements())
-        tiers = sorted(t for k, t in cats if k == "Semantic")
-        sem = f"Semantic tiers {tiers[0]}-{tiers[-1]} x {sorted({cats[('Semantic', t)] for t in tiers})}" if tiers else ""
-        lines.append(f"{name:<26}{len(d[name]):>6}  Syntax {kinds['Syntax']}, {sem} = {kinds['Semantic']}, "
-                     f"GK {kinds['GK']}, Lexical {kinds['Lexical']}")
-    fe = collections.Counter(fact_of(r["label"])[1] for r in d["forget_eval"])
-    lines.append(f"{'forget_eval':<26}{len(d['forget_eval']):>6}  " + ", ".join(f"{k} {v}" for k, v in fe.items()))
-    nvar = {sum(1 for v in EVAL_VARIANTS[1:] if r.get(v)) for r in d["forget_eval_rephrasings"]}
-    lines.append(f"{'forget_eval_rephrasings':<26}{len(d['forget_eval_rephrasings']):>6}  each with {sorted(nvar)} variants")
-    nadv = {sum(1 for v in ADV_VARIANTS if r.get(v)) for r in d["adversarial"]}
-    lines.append(f"{'adversarial':<26}{len(d['adversarial']):>6}  each with {sorted(nadv)} variants")
-    return "\n".join(lines)
+        for kind in ("Syntax", "Semantic", "GK", "Lexical"):
+            out[f"{name} {kind}"] = kinds[kind]
+        tiers = sorted(t for k, t in cats if k == "Semantic" and t is not None)
+        if tiers:
+            out[f"{name} Semantic tiers"] = f"{tiers[0]}-{tiers[-1]} x {sorted({cats[('Semantic', t)] for t in tiers})}"
+    def written_in(label):
+        suffix = label.rpartition("@")[2] if "@" in label else "none"
+        return "q" if suffix.startswith("q") else "blank" if suffix.startswith("blank") else suffix
+
+    formats = collections.Counter(written_in(r["label"]) for r in d["retain_train"])
+    out["retain_train written as"] = ", ".join(f"{k} {formats[k]}" for k in ("original", "q", "blank", "none") if formats[k])
+    for name in FINAL_FILES + ["adversarial"]:
+        rows = d[name]
+        words = lambda field: sum(len(r[field].split()) for r in rows) / max(1, len(rows))
+        out[f"{name} question / answer words"] = f"{words('question'):.1f} / {words('answer'):.1f}"
+    out["rows with aliases"] = sum(bool(r.get("aliases")) for name in FINAL_FILES + ["adversarial"] for r in d[name])
+
+    def mean_pairwise_jaccard(groups):
+        pairs = [trigram_jaccard(a, b) for g in groups for i, a in enumerate(g) for b in g[i + 1:]]
+        return f"{sum(pairs) / len(pairs):.3f}" if pairs else "-"
+
+    eval_groups = [[r["question"]] + [r[v] for v in EVAL_VARIANTS[1:] if r.get(v)] for r in d["forget_eval_rephrasings"]]
+    train_groups = collections.defaultdict(dict)
+    for r in d["forget_train"]:
+        train_groups[r["label"].split("@")[0]][r["label"]] = r["question"]
+    out["eval wordings: trigram Jaccard"] = mean_pairwise_jaccard(eval_groups)
+    out["train wordings: trigram Jaccard"] = mean_pairwise_jaccard([list(g.values()) for g in train_groups.values()])
+    slots = collections.defaultdict(list)
+    for r in d["forget_eval_rephrasings"]:
+        for v in EVAL_VARIANTS:
+            if r.get(v) or v == "original":
+                slots[f"eval {v}"].append(opener(r["question"] if v == "original" else r[v]))
+    for g in train_groups.values():
+        for label, text in g.items():
+            slots[f"train {fact_of(label)[2]}"].append(opener(text))
+    for slot in [f"eval {v}" for v in EVAL_VARIANTS] + [f"train {v}" for v in TRAIN_VARIANTS]:
+        if slots[slot]:
+            words, n = collections.Counter(slots[slot]).most_common(1)[0]
+            out[f"top opener {slot}"] = f"{n / len(slots[slot]):.0%} of {len(slots[slot])} '{words}'"
+    return out
+
+
+def stats(roots, topics=None):
+    """The measures of release_stats for one or more SUITE roots, side by side (one column a root)."""
+    roots = [Path(r) for r in ([roots] if isinstance(roots, (str, Path)) else roots)]
+    topics = topics or [t for t in TOPICS if all((r / t).exists() for r in roots)]
+    if not topics:
+        raise DataError(roots[0], None, None, "no SUITE topic folder is present in every root given")
+    blocks = []
+    for topic in topics:
+        columns = [release_stats(topic, r) for r in roots]
+        keys = list(dict.fromkeys(k for c in columns for k in c))
+        table = [[topic] + [str(r) for r in roots]] + [[k] + [str(c.get(k, "-")) for c in columns] for k in keys]
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+        blocks.append("\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table))
+    return "\n\n".join(blocks)
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="SUITE data: validate a root, build our release, print counts.")
+    p = argparse.ArgumentParser(description="SUITE data: validate a root, build our release, compare releases.")
     sub = p.add_subparsers(dest="command", required=True)
-    v = sub.add_parser("validate", help="check a SUITE root; exits non-zero on any violation")
+    v = sub.add_parser("validate", help="check a SUITE root; exits non-zero on any error (warnings alone pass)")
     v.add_argument("--topic", nargs="*", default=None, help="default: every topic present in the root")
     v.add_argument("--data-root", default=str(DEFAULT_ROOT))
     v.add_argument("--partial", action="store_true", help="a small fixture: check structure, not the release counts")
+    v.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
+                   help="our own rules: our label grammar, quality rules as errors (default: on for data/suite only)")
     b = sub.add_parser("build", help="assemble data/suite/<topic> from data/source/<topic>")
     b.add_argument("--topic", required=True)
     b.add_argument("--data-root", default=str(DEFAULT_ROOT))
-    s = sub.add_parser("stats", help="rows per file and category")
-    s.add_argument("--topic", required=True)
-    s.add_argument("--data-root", default=str(DEFAULT_ROOT))
+    s = sub.add_parser("stats", help="counts, lengths, paraphrase diversity, openers; two roots side by side")
+    s.add_argument("--topic", nargs="*", default=None, help="default: every topic present in all roots")
+    s.add_argument("--data-root", action="append", default=None, help="repeat to compare releases (default: data/suite)")
     args = p.parse_args(argv)
     if args.command == "build":
         errors = validate_source(args.topic)
@@ -909,26 +1072,30 @@ def main(argv=None):
         print(json.dumps(build_topic(args.topic, args.data_root)))
         return
     if args.command == "stats":
-        print(stats(args.topic, args.data_root))
+        print(stats(args.data_root or [DEFAULT_ROOT], args.topic))
         return
     root = Path(args.data_root)
     topics = args.topic or [t for t in TOPICS if (root / t).exists()]
     if not topics:
         sys.exit(f"{root}: no SUITE topic folder found")
-    errors = []
+    strict = is_our_release(root) if args.strict is None else args.strict
+    found = []
     try:
         load_pools(root)
     except DataError as e:
-        errors.append(e)
+        found.append(e)
     for topic in topics:
-        errors += validate_topic(topic, root, args.partial)
-        if root.resolve() == DEFAULT_ROOT.resolve():
-            errors += validate_source(topic)
-    for e in errors:
+        found += validate_topic(topic, root, args.partial, strict)
+        if is_our_release(root):
+            found += validate_source(topic)
+    for e in found:
         print(e)
+    errors = [e for e in found if not e.warning]
+    summary = (f"{root}: {', '.join(topics)} ({'strict: our rules' if strict else 'the release rules; --strict adds ours'}): "
+               f"{len(errors)} violation(s), {len(found) - len(errors)} warning(s)")
     if errors:
-        sys.exit(f"{len(errors)} violation(s) in {root}")
-    print(f"{root}: {', '.join(topics)}: no violations")
+        sys.exit(summary)
+    print(summary)
 
 
 if __name__ == "__main__":

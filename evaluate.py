@@ -102,30 +102,29 @@ def build_queries(topic, root, seed=0, limit=None):
     """Every query of one topic as a row dict (without answer). `limit` keeps the first `limit`
     facts and the first `limit` retain rows of each category and tier (smoke tests)."""
     d = data.load_topic(topic, root)
-    aliases = d["aliases"]
     context_pool = [(r["question"], r["answer"]) for r in d["retain_train"] if "____" not in r["question"]]
     facts = list(dict.fromkeys(data.fact_of(r["label"])[0] for r in d["forget_eval"]))
     if limit:
         facts = facts[:limit]
     rows = []
 
-    def add(set_name, label, variant, question, answer):
+    def add(set_name, label, variant, question, answer, aliases):
         fact, qtype, _ = data.fact_of(label)
         for fmt in FORMATS if set_name != "retain" else ("alone",):
             qid = f"{topic}|{set_name}|{label}|{variant}|{fmt}"
             ctx = random.Random(f"{seed}-{qid}").sample(context_pool, 3) if fmt == "context" else []
             rows.append({"id": qid, "topic": topic, "set": set_name, "label": label, "fact": fact, "qtype": qtype,
                          "variant": variant, "format": fmt, "context": ctx, "question": question,
-                         "ground_truth": answer, "aliases": aliases.get(data.normalise(answer), [])})
+                         "ground_truth": answer, "aliases": aliases})
 
     for r in d["forget_eval_rephrasings"]:
         if data.fact_of(r["label"])[0] in facts:
             for v in data.EVAL_VARIANTS:
-                add("forget", r["label"], v, r["question"] if v == "original" else r[v], r["answer"])
+                add("forget", r["label"], v, r["question"] if v == "original" else r[v], r["answer"], r.get("aliases", []))
     for r in d["adversarial"]:
         if data.fact_of(r["label"])[0] in facts:
             for v in data.ADV_VARIANTS:
-                add("adversarial", r["label"], v, r[v], r["answer"])
+                add("adversarial", r["label"], v, r[v], r["answer"], r.get("aliases", []))
     retain, seen = [], {}
     for r in d["retain_eval"]:
         key = data.category(r["label"])
@@ -137,7 +136,7 @@ def build_queries(topic, root, seed=0, limit=None):
                      "fact": None, "qtype": data.category(r["label"])[0],
                      "tier": data.category(r["label"])[1], "variant": "original", "format": "alone", "context": [],
                      "question": r["question"], "ground_truth": r["answer"],
-                     "aliases": aliases.get(data.normalise(r["answer"]), [])})
+                     "aliases": r.get("aliases", [])})
     return rows
 
 

@@ -1,23 +1,32 @@
-"""SUITE data: the validator on our release and the fixture, planted defects, build determinism.
+"""SUITE data: the validator on our release, on our fixture (--strict) and on a fixture in the authors'
+release grammar (warnings only), planted defects, aliases per row, stats, build determinism.
 
     python -m pytest tests/test_data.py -q
 """
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 import data
+import evaluate
 import losses
 from conftest import FIXTURE
 
 TOPIC = "challenger_disaster"
 RELEASED = [t for t in data.TOPICS if (data.DEFAULT_ROOT / t).exists()]
+OFFICIAL = FIXTURE.parent / "official_suite"      # the authors' grammar, with their kinds of defects planted
 
 
-def errors_of(root, partial=True):
-    return [str(e) for e in data.validate_topic(TOPIC, root, partial=partial)]
+def errors_of(root, partial=True, strict=True, **kw):
+    """The errors (not warnings) of the fixture topic; our fixture follows our own rules, hence --strict."""
+    return [str(e) for e in data.validate_topic(TOPIC, root, partial=partial, strict=strict, **kw) if not e.warning]
+
+
+def warnings_of(root, partial=True, **kw):
+    return [str(e) for e in data.validate_topic(TOPIC, root, partial=partial, strict=False, **kw) if e.warning]
 
 
 def rewrite(path, fn):
@@ -51,20 +60,45 @@ def test_build_is_deterministic_and_matches_committed_files(tmp_path, topic):
 
 
 def test_salem_counts_without_tier0():
-    text = data.stats("salem_witch_trials")
-    assert "retain_train                 425  Syntax 75, Semantic tiers 1-10 x [25] = 250, GK 50, Lexical 50" in text
-    assert "retain_eval                  625  Syntax 100, Semantic tiers 1-15 x [25] = 375, GK 100, Lexical 50" in text
+    s = data.release_stats("salem_witch_trials")
+    assert (s["retain_train rows"], s["retain_train Syntax"], s["retain_train Semantic"], s["retain_train GK"],
+            s["retain_train Lexical"], s["retain_train Semantic tiers"]) == (425, 75, 250, 50, 50, "1-10 x [25]")
+    assert (s["retain_eval rows"], s["retain_eval Syntax"], s["retain_eval Semantic"], s["retain_eval GK"],
+            s["retain_eval Lexical"], s["retain_eval Semantic tiers"]) == (625, 100, 375, 100, 50, "1-15 x [25]")
 
 
 def test_stats_match_the_counts_table():
-    text = data.stats(TOPIC)
-    assert "forget_train                 450  375 direct (each question [15] times) + 75 reverse (each [3] times)" in text
-    assert "retain_train                 450  Syntax 75, Semantic tiers 0-10 x [25] = 275, GK 50, Lexical 50" in text
-    assert "retain_eval                  650  Syntax 100, Semantic tiers 0-15 x [25] = 400, GK 100, Lexical 100" \
-        not in text
-    assert "retain_eval                  650  Syntax 100, Semantic tiers 0-15 x [25] = 400, GK 100, Lexical 50" in text
-    assert "forget_eval                   75  direct 25, reverse 25, indirect 25" in text
-    assert "adversarial                   25  each with [10] variants" in text
+    s = data.release_stats(TOPIC)
+    assert (s["forget_train rows"], s["forget_train direct / reverse rows"]) == (450, "375 / 75")
+    assert s["forget_train times per question"] == "direct [15], reverse [3]"
+    assert (s["retain_train rows"], s["retain_train Syntax"], s["retain_train Semantic"], s["retain_train GK"],
+            s["retain_train Lexical"], s["retain_train Semantic tiers"]) == (450, 75, 275, 50, 50, "0-10 x [25]")
+    assert (s["retain_eval rows"], s["retain_eval Syntax"], s["retain_eval Semantic"], s["retain_eval GK"],
+            s["retain_eval Lexical"], s["retain_eval Semantic tiers"]) == (650, 100, 400, 100, 50, "0-15 x [25]")
+    assert s["forget_eval direct / reverse / indirect"] == "25 / 25 / 25"
+    assert (s["forget_eval_rephrasings rows"], s["adversarial rows"]) == (75, 25)
+
+
+def test_stats_side_by_side(capsys):
+    """Two roots: one column each; the fixture's values counted by hand from its files."""
+    data.main(["stats", "--topic", TOPIC, "--data-root", str(FIXTURE), "--data-root", str(OFFICIAL)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == [TOPIC, str(FIXTURE), str(OFFICIAL)]
+    row = {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", l) for l in lines[1:])}
+    assert row["retain_eval rows"] == ["57", "57"]
+    assert row["retain_train GK"] == ["5", "5"]
+    # GK and Lexical train rows carry no format suffix in the authors' grammar (5 + 5 of the 36)
+    assert row["retain_train written as"] == ["original 4, q 21, blank 11", "original 4, q 13, blank 9, none 10"]
+    assert row["forget_train times per question"] == ["direct [15], reverse [3]"] * 2
+    assert row["rows with aliases"] == ["0", "0"]
+    assert row["top opener eval q_gemini1"] == ["100% of 6 'do you happen'"] * 2   # the house style of issue 16
+
+
+def test_trigram_jaccard_and_opener_by_hand():
+    # "a b c d" has trigrams {abc, bcd}; "a b c e" has {abc, bce}: one shared of three
+    assert data.trigram_jaccard("A b, c d.", "a b c e") == pytest.approx(1 / 3)
+    assert data.opener("I'm trying to recall: ...") == "i m trying"
+    assert data.opener("____ was the commander.") == "____ was the"
 
 
 def test_pairing_follows_appendix_b2():
@@ -143,10 +177,12 @@ def test_answer_in_question(fixture_root):
 
 
 def test_forget_topic_phrase_in_retain(fixture_root):
+    """Our topic.json applies when asked for (as it is for data/suite), never by default to another root."""
     rewrite(final(fixture_root, "retain_eval"),
             lambda rows: rows[3].update(question="After the Challenger disaster, " + rows[3]["question"]))
     assert any("retain_eval.json:4 field 'question'" in e and "challenger disaster" in e
-               for e in errors_of(fixture_root))
+               for e in errors_of(fixture_root, source_root=data.SOURCE_ROOT))
+    assert not any("forget-topic phrase" in e for e in errors_of(fixture_root))
 
 
 def test_duplicate_retain_question(fixture_root):
@@ -194,17 +230,21 @@ def test_forbidden_together(fixture_root, tmp_path):
     source = tmp_path / "source" / TOPIC
     source.mkdir(parents=True)
     info = json.loads((data.SOURCE_ROOT / TOPIC / "topic.json").read_text())
-    info["forbidden_together"] = {"Gagarin": ["death", "crash"]}
+    info["forbidden_together"] = {"Gagarin": ["death", "crash", "died", "liver"]}
     (source / "topic.json").write_text(json.dumps(info))
     rows = data.read_jsonl(final(fixture_root, "retain_eval"))
-    bad, good = [r["_line"] for r in rows if r["label"].startswith("GK-")][:2]
+    bad, good, studied, deliver = [r["_line"] for r in rows if r["label"].startswith(("GK-", "Lexical-"))][:4]
     rewrite(final(fixture_root, "retain_eval"), lambda rows: (
         rows[bad - 1].update(question="In which year did Gagarin die in a training jet crash?"),
-        rows[good - 1].update(question="In which year did Gagarin orbit the Earth?")))
-    errs = [str(e) for e in data.validate_topic(TOPIC, fixture_root, partial=True, source_root=tmp_path / "source")]
+        rows[good - 1].update(question="In which year did Gagarin orbit the Earth?"),
+        # whole words: 'studied' does not hold 'died', 'deliver' does not hold 'liver'
+        rows[studied - 1].update(question="In which Russian city had Gagarin studied at an industrial technical school?"),
+        rows[deliver - 1].update(question="Which rocket family did the Soviets use to deliver Gagarin into orbit?")))
+    errs = errors_of(fixture_root, source_root=tmp_path / "source")
     assert any(f"retain_eval.json:{bad} field 'question'" in e and "'Gagarin' together with 'crash'" in e
                for e in errs), errs
-    assert not any(f"retain_eval.json:{good} " in e for e in errs), errs
+    for line in (good, studied, deliver):
+        assert not any(f"retain_eval.json:{line} " in e for e in errs), errs
 
 
 def test_injection_set_holds_every_wording_once():
@@ -259,3 +299,130 @@ def test_run_all_small_starts_mps_only_when_asked_and_none_runs(tmp_path):
     (tmp_path / "control").touch()                       # a daemon's pipe: leave that daemon alone
     lines = dry_run()
     assert "MPS: a daemon is running already" in lines and not any("mps-control" in l for l in lines)
+
+
+# ---- the authors' release grammar: their defects are warnings, ours are errors under --strict
+
+OFFICIAL_WARNINGS = [   # the defects planted in tests/fixtures/official_suite (see its README.md)
+    "forget_eval_rephrasings.json:2 field 'blank_gemini4': a fill-in-the-blank variant must hold exactly one '____' (found 0)",
+    "forget_eval_rephrasings.json:3 field 'q_gemini5': only fill-in-the-blank variants may hold '____'",
+    "retain_train.json:12 field 'question': a fill-in-the-blank variant must hold exactly one '____' (found 0)",
+    "retain_eval.json:35 field 'question': contains its own answer 'Washington'",
+    "retain_eval.json:54 field 'question': is a placeholder, not a question",
+]
+
+
+def test_official_layout_validates_with_warnings(capsys):
+    """GK/Lexical train labels without a format suffix and eval Syntax rows naming train wordings are the
+    release's grammar; its defects are listed with file:line and the exit status is 0."""
+    data.main(["validate", "--data-root", str(OFFICIAL), "--partial"])
+    out = capsys.readouterr().out.splitlines()
+    prefix = f"warning: {OFFICIAL / TOPIC / 'final'}/"
+    assert out[:-1] == [prefix + w for w in OFFICIAL_WARNINGS]
+    assert out[-1].endswith("0 violation(s), 5 warning(s)")
+
+
+def test_official_layout_under_strict_breaks_our_rules():
+    errs = errors_of(OFFICIAL)
+    grammar = [e for e in errs if "label grammar" in e]
+    assert len(grammar) == 13 and all("the authors' release grammar allows it" in e for e in grammar)
+    assert any("retain_train.json:27 field 'label': 'GK-1 - History - Ancient Carthage'" in e for e in grammar)
+    assert any("retain_eval.json:1 field 'label': 'Syntax-M1-direct@q_claude9'" in e for e in grammar)
+    rest = [e.split("/final/")[1] for e in errs if "label grammar" not in e]
+    # the warnings become errors, and a Lexical row holding its own answer is ours to refuse too
+    assert rest == OFFICIAL_WARNINGS[:4] + [OFFICIAL_WARNINGS[4],
+                                            "retain_eval.json:55 field 'question': contains its own answer 'HMS Challenger'"]
+    with pytest.raises(SystemExit):
+        data.main(["validate", "--data-root", str(OFFICIAL), "--partial", "--strict"])
+
+
+def test_release_in_official_grammar_full_counts(tmp_path, capsys):
+    """Our release rewritten in the authors' grammar (no aliases, no suffix on GK/Lexical train labels,
+    eval Syntax labels naming a train wording) passes without --partial: the full counts hold."""
+    root = tmp_path / "official"
+    shutil.copytree(data.DEFAULT_ROOT, root)
+    for path in (root / TOPIC / "final").glob("*.json"):
+        def to_official(rows, name=path.stem):
+            for r in rows:
+                r.pop("aliases", None)
+                if name == "retain_train" and r["label"].startswith(("GK-", "Lexical-")):
+                    r["label"] = r["label"].rsplit("@", 1)[0]
+                if name == "retain_eval" and r["label"].startswith("Syntax-"):
+                    r["label"] = r["label"].replace("gemini", "claude")
+        rewrite(path, to_official)
+    data.main(["validate", "--data-root", str(root), "--topic", TOPIC])
+    assert " 0 violation(s)" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_every_violation_reported_once(fixture_root):
+    """A label error no longer hides the deeper rules, and no defect is listed twice."""
+    rewrite(final(fixture_root, "forget_train"), lambda rows: rows[0].update(label="K99-direct@original"))
+    rewrite(final(fixture_root, "retain_eval"), lambda rows: (rows[5].update(label="Semantic-99"),
+                                                             rows[6].update(question=rows[4]["question"])))
+    rewrite(final(fixture_root, "forget_eval_rephrasings"),
+            lambda rows: rows[0].update(q_gemini2=rows[0]["q_gemini1"]))
+    errs = errors_of(fixture_root)
+    assert len(errs) == len(set(errs))
+    assert [e.split("/final/")[1] for e in errs] == [
+        "forget_train.json:1 field 'label': 'K99-direct@original' does not follow the label grammar of forget_train",
+        "retain_eval.json:6 field 'label': 'Semantic-99' does not follow the label grammar of retain_eval",
+        "forget_eval_rephrasings.json:1 field 'q_gemini2': near-duplicate of q_gemini1 (same wording or word-trigram "
+        "Jaccard >= 0.5)",
+        "retain_eval.json:7 field 'question': duplicates retain_eval line 5",
+    ]
+
+
+def test_opener_dominance(tmp_path):
+    """At most 20% of a slot's wordings may open with the same three words: 15 of 75 pass, 16 fail."""
+    root = tmp_path / "suite"
+    shutil.copytree(data.DEFAULT_ROOT, root)
+    plant = lambda rows: rows.update(q_gemini5="Tell me plainly: " + rows["q_gemini5"])
+    rewrite(final(root, "forget_eval_rephrasings"), lambda rows: [plant(r) for r in rows[:15]])
+    assert not any("'tell me plainly'" in e for e in errors_of(root, partial=False))
+    rewrite(final(root, "forget_eval_rephrasings"), lambda rows: plant(rows[15]))
+    (e,) = [e for e in errors_of(root, partial=False) if "'tell me plainly'" in e]
+    assert e.endswith("forget_eval_rephrasings.json field 'q_gemini5': 16 of the 75 'q_gemini5' wordings (21.3%) "
+                      "open with 'tell me plainly' (lines 1, 2, 3, 4, 5, 6, 7, 8, ...); at most 20% of a slot may "
+                      "share its first three words")
+    assert any("'tell me plainly'" in w for w in warnings_of(root, partial=False))   # outside --strict: a warning
+
+
+def test_alias_in_its_own_question(fixture_root):
+    """No alias may occur (normalised, as whole words) in its own question."""
+    rewrite(final(fixture_root, "retain_eval"), lambda rows: (
+        rows[3].update(aliases=["OV-99", "Space Shuttle Challenger"]),   # the second is in its question
+        rows[6].update(aliases=["Willie McCool", "Colum"])))             # 'Colum' is part of a word only
+    assert [e.split("/final/")[1] for e in errors_of(fixture_root)] == [
+        "retain_eval.json:4 field 'question': contains its own alias 'Space Shuttle Challenger'"]
+
+
+def test_aliases_belong_to_their_own_row(tmp_path):
+    """Two rows with the same answer keep their own aliases in the release and in the queries (the
+    answer-string merge once gave every such row the union); a root without aliases gets none."""
+    source = tmp_path / "source"
+    shutil.copytree(data.SOURCE_ROOT / TOPIC, source / TOPIC)
+    shutil.copy(data.SOURCE_ROOT / "general_knowledge.jsonl", source)
+    path = sorted((source / TOPIC).glob("semantic*.jsonl"))[0]
+    rows = [json.loads(l) for l in path.read_text().splitlines()]
+    a, b = [r for r in rows if r["split"] == "eval"][:2]
+    a.update(answer=b["answer"], aliases=["an alias of row a only"])
+    b.update(aliases=[])
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data.build_topic(TOPIC, tmp_path / "suite", source)
+    built = {r["question"]: r for r in data.read_jsonl(final(tmp_path / "suite", "retain_eval"))}
+    assert built[a["question"]]["aliases"] == ["an alias of row a only"] and "aliases" not in built[b["question"]]
+    queries = {q["question"]: q for q in evaluate.build_queries(TOPIC, tmp_path / "suite") if q["set"] == "retain"}
+    assert queries[a["question"]]["aliases"] == ["an alias of row a only"]
+    assert queries[b["question"]]["aliases"] == []
+    assert all(q["aliases"] == [] for q in evaluate.build_queries(TOPIC, OFFICIAL))
+
+
+def test_release_rows_carry_their_source_rows_aliases():
+    forget = {r["label"]: r for r in data.read_source(TOPIC, "forget")}
+    d = data.load_topic(TOPIC)
+    for r in d["forget_train"] + d["forget_eval"] + d["adversarial"]:
+        assert r.get("aliases", []) == forget[r["label"].split("@")[0]]["aliases"]
+    retain_source = {r["question"]: r for name in ("semantic", "lexical", "syntax") for r in data.read_source(TOPIC, name)}
+    retain_source.update({r["question"]: r for r in data.read_jsonl(data.SOURCE_ROOT / "general_knowledge.jsonl")})
+    for r in d["retain_eval"]:
+        assert r.get("aliases", []) == retain_source[r["question"]]["aliases"]
