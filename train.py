@@ -271,10 +271,13 @@ def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None
     Returns {view: {"logits" (B, K, V) fp32 predicting the labels, "own_logits" (B, K, V) at the labels'
     own positions, "labels", "weights", "answer_mask"[, "hidden" (B, K, d) at the labels' own positions]}},
     the (N, K + 1, V) logits they are slices of, and the number of real tokens processed.
-    `shape`: the fixed (T, K) of a compiled model (data.collate)."""
+    `shape`: the fixed (B, T, K) of a compiled model: every view is filled up to B rows with copies of
+    its first sequence (their outputs are dropped: the last, smaller step of an epoch must not compile
+    a new graph) and collated to (T, K)."""
     names = list(seqs_by_view)
-    flat = [s for name in names for s in seqs_by_view[name]]
-    batch = {k: v.to(device) for k, v in data.collate(flat, pad_id, scheme, min_k, shape).items()}
+    rows_per_view = {n: shape[0] if shape else len(seqs_by_view[n]) for n in names}
+    flat = [s for n in names for s in seqs_by_view[n] + seqs_by_view[n][:1] * (rows_per_view[n] - len(seqs_by_view[n]))]
+    batch = {k: v.to(device) for k, v in data.collate(flat, pad_id, scheme, min_k, shape and shape[1:]).items()}
     K = batch["labels"].shape[1]
     captured = {}
     handle = None
@@ -297,8 +300,8 @@ def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None
         if "h" in captured:
             view["hidden"] = captured["h"][rows, -K:].float()
         out[name] = view
-        start = rows.stop
-    return out, logits, int(batch["attention_mask"].sum())
+        start += rows_per_view[name]
+    return out, logits, sum(len(s["ids"]) for seqs in seqs_by_view.values() for s in seqs)
 
 
 def balance_alpha(L_f, L_r, logits):
@@ -408,7 +411,7 @@ class Trainer:
         self.spec = losses.METHODS[args.method]
         self.ref_tokens = 0                              # tokens through the frozen model (benchmarks)
         self.bf16 = args.precision == "bf16"   # bf16 compute over fp32 master weights (see build_models)
-        self.shape = None                        # the fixed batch shape (T, K) under --compile graphs
+        self.shape = None                        # the fixed shape (rows per view, T, K) under --compile graphs
 
     def build_models(self, model_path, hp):
         """`model` holds the fp32 master weights (optimizer, checkpoints, export; FSDP-sharded under
@@ -480,8 +483,8 @@ class Trainer:
         if args.compile == "graphs":
             # Every batch padded to the stage's longest sequence and answer span, so each compiled model
             # sees one shape per batch size and compiles once.
-            self.shape = trainset.longest(spec["views"], needs_retain, args.epochs)
-            print0(f"--compile graphs: every batch padded to (T, K) = {self.shape}")
+            self.shape = (args.batch_size, *trainset.longest(spec["views"], needs_retain, args.epochs))
+            print0(f"--compile graphs: every view padded to (rows, T, K) = {self.shape}")
         layer_key = spec.get("hidden")
         hooks = (decoder_layers(compute)[hp[layer_key]], decoder_layers(ref)[hp[layer_key]]) if layer_key else (None, None)
         step, lambda_r = 0, torch.tensor(float(hp["lambda_r"]), device=device)

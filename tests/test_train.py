@@ -243,37 +243,41 @@ def test_fsdp_two_processes_on_cpu_match_one_process(tiny_model_path, tmp_path):
 
 
 def test_padding_to_the_stage_shape_leaves_the_loss_unchanged(tiny_model_path):
-    """--compile graphs pads every batch to the longest sequence and answer span of the stage (one shape,
-    one compile); the padding is masked out, and a batch that does not fit is an error, not a crop."""
+    """--compile graphs pads every view to the stage's shape (rows, T, K): the longest sequence and answer
+    span of the stage, and the micro-batch size in rows (filler rows for the smaller last step of an
+    epoch, so that no new graph is compiled). Padding and filler rows leave the loss unchanged; a batch
+    that does not fit is an error, not a crop."""
     model, tokenizer = train.load_model(tiny_model_path)
     model.set_attn_implementation("eager")
     trainset = data.PairedTrainSet(tokenizer, ["challenger_disaster"], data.DEFAULT_ROOT, refusal=REFUSAL, seed=0,
                                    context_refusals=True)
-    shape = trainset.longest(("mixed",), True, 20)
+    T, K = trainset.longest(("mixed",), True, 20)
     every = [s for epoch in range(20) for view in trainset.views(range(len(trainset)), ("mixed",), True, epoch).values()
              for s in view]
-    assert shape == (max(len(s["ids"]) for s in every), max(len(s["targets"]) for s in every))
-    seqs = trainset.views(list(range(8)), ("mixed",), True, 0)
-    assert max(len(s["ids"]) for view in seqs.values() for s in view) < shape[0]     # so padding happens
+    assert (T, K) == (max(len(s["ids"]) for s in every), max(len(s["targets"]) for s in every))
+    seqs = trainset.views(list(range(6)), ("mixed",), True, 0)
+    assert max(len(s["ids"]) for view in seqs.values() for s in view) < T     # so padding happens
     summed = {}
-    for fixed in (None, shape):
+    for fixed in (None, (8, T, K)):                                          # 6 real rows of 8
         out, logits, ntok = train.forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", shape=fixed)
         v = out["mixed"]
+        assert v["logits"].shape[0] == 6
         summed[fixed] = float((losses.token_logprobs(v["logits"], v["labels"]) * v["weights"]).sum())
         assert ntok == sum(len(s["ids"]) for view in seqs.values() for s in view)
-    assert logits.shape[1] == shape[1] + 1                       # K predicting positions and the last one
-    assert data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=shape)["input_ids"].shape == (8, shape[0])
-    assert summed[shape] == pytest.approx(summed[None], rel=1e-5)
+    assert logits.shape[:2] == (16, K + 1)                       # 2 views x 8 rows; K predicting positions + 1
+    assert data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=(T, K))["input_ids"].shape == (6, T)
+    assert summed[(8, T, K)] == pytest.approx(summed[None], rel=1e-5)
     with pytest.raises(ValueError, match="does not fit the fixed shape"):
-        data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=(shape[0], 2))
+        data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=(T, 2))
 
 
 def test_compile_graphs_matches_eager(tiny_model_path, tmp_path):
-    """The whole-model compile (CUDA graphs on a GPU; inductor alone on CPU) trains like eager mode."""
+    """The whole-model compile (CUDA graphs on a GPU; inductor alone on CPU) trains like eager mode, also
+    through the smaller last step of an epoch (36 pairs: a step of 32, then one of 4 in filler-padded rows of 8)."""
     for method in ("graddiff", "jensunpp"):
-        eager = run(tiny_model_path, tmp_path / f"{method}_eager", method, "--lr", "1e-3", "--max-steps", "3")
-        graphs = run(tiny_model_path, tmp_path / f"{method}_graphs", method, "--lr", "1e-3", "--max-steps", "3",
-                     "--compile", "graphs")
+        common = ["--lr", "1e-3", "--max-steps", "3", "--batch-size", "8"]
+        eager = run(tiny_model_path, tmp_path / f"{method}_eager", method, *common)
+        graphs = run(tiny_model_path, tmp_path / f"{method}_graphs", method, *common, "--compile", "graphs")
         assert [r["loss"] for r in graphs] == pytest.approx([r["loss"] for r in eager], rel=1e-4)
         assert [r["grad_norm"] for r in graphs] == pytest.approx([r["grad_norm"] for r in eager], rel=1e-3)
     assert train.parse_args(["--method", "rmu", "--compile", "graphs"]).compile == "blocks"   # its hook
