@@ -9,7 +9,9 @@ Layout and counts: ../shared/SUITE_FORMAT.md; our source format: data/README.md.
 """
 import argparse
 import collections
+import contextlib
 import json
+import math
 import random
 import re
 import sys
@@ -30,7 +32,37 @@ BLANK = "____"
 IGNORE = -100
 
 
-class DataError(ValueError):
+class UserError(Exception):
+    """Bad input (a flag, a path, a data file, a judge server) that the user has to fix. Raised before
+    heavy work where it can be; every main() prints it as one line and exits 1 (one_line_errors)."""
+
+
+@contextlib.contextmanager
+def one_line_errors(program, *more):
+    """Turn a UserError (and the exception types in `more`) raised inside into one line on stderr,
+    "program: message", and exit status 1: no traceback for mistakes the user has to fix."""
+    try:
+        yield
+    except (UserError, *more) as e:
+        raise SystemExit(f"{program}: {' '.join(str(e).split())}") from None
+
+
+AT_LEAST_ONE = (lambda v: v >= 1, ">= 1")                                   # rules for check_flags
+POSITIVE = (lambda v: math.isfinite(v) and v > 0, "a number > 0")
+NON_NEGATIVE = (lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
+SHARE = (lambda v: 0 <= v <= 1, "a share between 0 and 1")
+
+
+def check_flags(args, rules):
+    """Refuse flag values that make no sense: rules maps an argparse dest to (test, what it must be),
+    e.g. AT_LEAST_ONE; a flag left at None (its default is resolved later) passes."""
+    for dest, (ok, must) in rules.items():
+        value = getattr(args, dest)
+        if value is not None and not ok(value):
+            raise UserError(f"--{dest.replace('_', '-')} {value}: must be {must}")
+
+
+class DataError(UserError, ValueError):
     """A defect in a data file, located by file, line and field. A warning is a defect that a reader
     can live with (the validator lists it but still passes)."""
 

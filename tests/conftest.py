@@ -1,7 +1,10 @@
 """Shared fixtures: a tiny random Llama-style model (built from a config, no download) with the
 SmolLM2 tokenizer and chat template, and the small SUITE fixture in the official layout."""
+import http.server
 import shutil
+import socket
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,27 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 FIXTURE = ROOT / "tests" / "fixtures" / "suite"
+
+
+def free_port():
+    """A local TCP port nothing listens on (for servers started by a test, and for "nothing there")."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalServer:
+    """A real HTTP server on a free local port, answering with `handler` (a BaseHTTPRequestHandler class)
+    from a thread; `url` is its OpenAI-style base URL."""
+
+    def __init__(self, handler):
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 @pytest.fixture(scope="session")

@@ -2,15 +2,20 @@
 
     python -m pytest tests/test_evaluate.py -q
 """
+import http.server
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import data
 import evaluate
+import judge
 import train
-from conftest import FIXTURE
+from conftest import FIXTURE, ROOT, LocalServer, free_port
 
 
 def row(set_name, fact, qtype, verdicts, label=None, variant="original", fmt="alone"):
@@ -60,6 +65,47 @@ def test_metrics_match_hand_computation():
     assert (m["s0"], m["s1-10"], m["s11-15"]) == (0.0, 100.0, 100.0)
     assert m["per_fact"] == {"M1": ["indirect"], "K2": ["reverse"], "K3": ["adversarial"], "K4": []}
     assert m["invalid_verdicts"] == 1
+    assert set(m["undetermined"].values()) == {0} and m["undetermined_facts"] == []
+    assert (m["Gib_invalid"], m["Retain_invalid"]) == (0, 1)
+
+
+def test_undetermined_facts_are_left_out_not_forgotten():
+    """A fact with no YES and an INVALID verdict among the queries of a rate is undetermined for that
+    rate: left out of its denominator and counted. K1 leaks directly; K2 answers NO directly and INVALID
+    indirectly; K3 is INVALID directly but leaks through reverse; K4 answers NO everywhere."""
+    def leak(v, gib="NO"):
+        return {"leak": v, "gibberish": gib}
+    rows = [row("forget", "K1", "direct", leak("YES")),
+            row("forget", "K2", "direct", leak("NO")), row("forget", "K2", "indirect", leak("INVALID", "INVALID")),
+            row("forget", "K3", "direct", leak("INVALID")), row("forget", "K3", "reverse", leak("YES", "YES")),
+            row("forget", "K4", "direct", leak("NO")), row("forget", "K4", "reverse", leak("NO")),
+            row("retain", None, "GK", {"knows": "YES"}, label="GK-1 - History - Rome"),
+            row("retain", None, "GK", {"knows": "INVALID"}, label="GK-2 - Art - Painting")]
+    m = evaluate.topic_metrics(rows)
+    assert m["Q_D"] == pytest.approx(100 / 3, abs=0.01) and m["undetermined"]["Q_D"] == 1         # K1 of K1, K2, K4
+    assert m["Q_D+I"] == 50.0 and m["undetermined"]["Q_D+I"] == 2                                # K1 of K1, K4
+    assert m["Q_R"] == 25.0 and m["undetermined"]["Q_R"] == 0                                    # K3 of all four
+    assert m["Q_All"] == m["Q*_All"] == pytest.approx(200 / 3, abs=0.01)                         # K1, K3 of K1, K3, K4
+    assert m["undetermined"]["Q_All"] == 1 and m["undetermined_facts"] == ["K2"] and m["Q_adv"] is None
+    assert m["Gib"] == pytest.approx(100 / 6, abs=0.01) and m["Gib_invalid"] == 1                 # 1 of 6 judged
+    assert m["Retain"] == 100.0 and m["Retain_invalid"] == 1
+    assert evaluate.cell(m, "Q_All") == "66.7 (1 undetermined)" and evaluate.cell(m, "Retain") == "100.0 (1 INVALID)"
+    assert evaluate.cell(m, "Q_R") == "25.0"
+    assert evaluate.compute_metrics(rows, max_invalid=0.3)["warnings"] == []                      # 4 of 16 = 25%
+    assert evaluate.compute_metrics(rows, max_invalid=0.2)["warnings"] != []
+    # a judge that answered nothing (every fact asked in every query type): no rate at all, never 0.0
+    broken = [row("forget", f, q, leak("INVALID", "INVALID")) for f in ("K1", "K2", "K3", "K4")
+              for q in ("direct", "indirect", "reverse")] + [dict(r, verdicts={"knows": "INVALID"}) for r in rows[-2:]]
+    m = evaluate.topic_metrics(broken)
+    assert all(m[k] is None for k in evaluate.FORGET_RATES) and m["Gib"] is None and m["Retain"] is None
+    assert m["undetermined"]["Q*_All"] == 4 and m["per_fact"] == {"K1": [], "K2": [], "K3": [], "K4": []}
+    metrics = evaluate.compute_metrics(broken)
+    assert metrics["invalid"] == {"verdicts": 26, "of": 26} and len(metrics["warnings"]) == 1
+    assert "26 of 26 judge verdicts are INVALID" in metrics["warnings"][0]
+    text = evaluate.report(metrics, "t")
+    assert text.split("\n")[2].startswith("**WARNING: 26 of 26") and "| K2 | undetermined (INVALID verdicts) |" in text
+    assert ("| t | -- (4 undetermined) | -- (4 undetermined) | -- (4 undetermined) | -- (4 undetermined) | "
+            "-- (12 INVALID) | -- (2 INVALID) |") in text
 
 
 def test_rescore_reproduces_metrics(tmp_path):
@@ -220,3 +266,135 @@ def test_results_table_picks_one_learning_rate_per_method(tmp_path):
     assert "| base | In 1986. | YES |" in text and "| npo | I don't know. | NO |" in text
     selected = out.with_suffix(".selected").read_text().split()
     assert selected == [str(tmp_path / "npo-b" / "eval" / "final"), str(tmp_path / "ga-a" / "eval" / "final")]
+
+
+class StubJudge(LocalServer):
+    """A real local OpenAI-style judge server whose reply depends on the rubric asked: `replies` maps
+    forget/retain/gibberish/rgq to the verdict text, or to None for garbage (HTTP 200 with a plain-text
+    body that is no completion). /models answers garbage too. `asked` records the rubric of every request."""
+
+    def __init__(self, replies):
+        self.replies, self.asked = dict(replies), []
+        kind_of = {text: kind for kind, text in judge.RUBRICS.items()}
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def send(self, text, content_type):
+                body = text.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self.send("<html>it works</html>", "text/html")
+
+            def do_POST(self):
+                request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                kind = kind_of[request["messages"][0]["content"]]
+                outer.asked.append(kind)
+                text = outer.replies[kind]
+                if text is None:
+                    self.send("<html>upstream model crashed</html>", "text/html")
+                else:
+                    self.send(json.dumps({"choices": [{"message": {"role": "assistant", "content": text},
+                                                       "finish_reason": "stop"}]}), "application/json")
+
+        super().__init__(Handler)
+
+
+def test_a_broken_judge_is_never_reported_as_forgetting(tiny_model_path, tmp_path, capsys):
+    """A judge server that answers garbage: evaluate.py exits 1 with the count in one line, the report
+    opens with a warning and shows no forget rate (undetermined, not 0.0). Fixed rubric by rubric, each
+    rerun asks only what was INVALID (the cache keeps valid verdicts), and RGQ's discarded pairs are
+    judged again from the saved generations."""
+    stub = StubJudge({"forget": None, "retain": None, "gibberish": None, "rgq": None})
+    out = tmp_path / "eval"
+    args = [tiny_model_path, "--data-root", str(FIXTURE), "--out", str(out), "--limit", "1", "--skip", "mmlu", "rep",
+            "--base", tiny_model_path, "--rgq-n", "2", "--rgq-tokens", "4", "--judge", "http",
+            "--judge-url", stub.url, "--judge-model", "stub"]
+    try:
+        proc = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *args], capture_output=True, text=True)
+        rows = [json.loads(line) for line in open(out / "rows.jsonl")]
+        n = sum(len(r["verdicts"]) for r in rows)
+        assert proc.returncode == 1 and n == 251
+        error = proc.stderr.strip().split("\n")[-1]              # above it: transformers' weight-loading bars
+        assert error.startswith("evaluate.py: ") and "Traceback" not in proc.stderr
+        assert "251 of 251 judge verdicts are INVALID" in error and "2 of 2 RGQ pairs discarded" in error
+        assert "WARNING: 251 of 251" in proc.stdout
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert all(metrics["average"][k] is None for k in evaluate.FORGET_RATES) and metrics["utility"]["rgq"] is None
+        report = (out / "report.md").read_text().split("\n")
+        assert report[2].startswith("**WARNING: 251 of 251 judge verdicts are INVALID")
+        table = [line for line in report if line.startswith(("| challenger_disaster |", "| average |"))]
+        assert len(table) == 2 and all(c.strip().startswith("--") for line in table for c in line.split("|")[2:-1])
+
+        stub.replies.update(forget="NO", retain="YES")          # only the gibberish rubric (and RGQ) still broken
+        stub.asked.clear()
+        with pytest.raises(SystemExit) as e:
+            evaluate.main(args)
+        assert "116 of 251 judge verdicts are INVALID" in str(e.value.code)
+        assert json.loads((out / "metrics.json").read_text())["average"]["Q_All"] == 0.0     # now determined
+
+        stub.replies.update(gibberish="NO", rgq='{"reason": "the same answer", "winner": "tie"}')
+        stub.asked.clear()
+        capsys.readouterr()
+        evaluate.main(args)
+        assert set(stub.asked) == {"gibberish", "rgq"}          # forget and retain verdicts came from the cache
+        gibberish_items = {json.dumps(judge.messages("gibberish", {"question": r["question"], "ground_truth": r["ground_truth"],
+                                                                   "answer": r["answer"]}))
+                           for r in rows if r["set"] != "retain"}
+        assert stub.asked.count("gibberish") == len(gibberish_items)
+        assert "RGQ generate" not in capsys.readouterr().out       # judged again without generating again
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["warnings"] == [] and metrics["utility"]["rgq"] == 50.0 and metrics["average"]["Gib"] == 0.0
+        assert "RGQ 50.0" in (out / "report.md").read_text()
+    finally:
+        stub.close()
+
+
+def test_utility_progress_and_no_heuristic_rgq(tiny_model_path, tmp_path, capsys):
+    """MMLU and Rep print progress lines with an ETA; RGQ with the heuristic judge is not computed (no
+    generation spent on it) and the report says why."""
+    out = tmp_path / "eval"
+    evaluate.main([tiny_model_path, "--data-root", str(FIXTURE), "--out", str(out), "--limit", "1", "--sets", "retain",
+                   "--mmlu-n", "8", "--rep-n", "2", "--rep-tokens", "4", "--base", tiny_model_path])
+    printed = capsys.readouterr().out
+    for line in ("  MMLU: 8 to do", "  MMLU: 8/8 (100%)", "  Rep generate: 2 to do", "  Rep generate: 2/2 (100%)"):
+        assert line in printed
+    assert "eta" in printed.split("MMLU: 8/8")[1].split("\n")[0]
+    u = json.loads((out / "utility.json").read_text())
+    assert u["rgq"] is None and u["rgq_note"] == evaluate.HEURISTIC_RGQ
+    assert not (out / "rgq_generations.jsonl").exists() and "RGQ generate" not in printed
+    assert f"RGQ -- ({evaluate.HEURISTIC_RGQ})" in (out / "report.md").read_text()
+
+
+def test_bad_input_is_one_line_and_leaves_no_folder(tiny_model_path, tmp_path, fixture_root):
+    """Each mistake: exit 1 with one line naming the file, line or flag, before any model loads, and no
+    output folder (no CKPT/eval, no runs/eval_<name>, no --out)."""
+    (tmp_path / "empty").mkdir()
+    bad_file = fixture_root / "challenger_disaster" / "final" / "retain_eval.json"
+    lines = bad_file.read_text().splitlines()
+    bad_file.write_text("\n".join(lines[:3] + ['{"question": "cut short'] + lines[3:]) + "\n")
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    out = tmp_path / "out"
+    cases = [([str(tmp_path / "empty")], "CKPT " + str(tmp_path / "empty") + ": not a Hugging Face model folder (no config.json",
+              tmp_path / "empty" / "eval"),
+             (["no/such/model/folder"], "CKPT no/such/model/folder: no such folder", tmp_path / "runs"),
+             (["someone/no-such-model"], "not in the Hugging Face cache (HF_HUB_OFFLINE is set)", tmp_path / "runs"),
+             ([tiny_model_path, "--topics", "no_such_topic", "--out", str(out)], "--topics no_such_topic: unknown topic", out),
+             ([tiny_model_path, "--data-root", str(fixture_root), "--out", str(out)], f"{bad_file}:4: not valid JSON", out),
+             ([tiny_model_path, "--judge", "http", "--judge-url", dead, "--out", str(out)],
+              f"no judge server answers at {dead}", out),
+             ([tiny_model_path, "--batch-size", "0", "--out", str(out)], "--batch-size 0: must be >= 1", out)]
+    for argv, message, absent in cases:
+        proc = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *argv], capture_output=True, text=True,
+                              cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        error = proc.stderr.strip().split("\n")
+        assert proc.returncode == 1 and len(error) == 1 and error[0].startswith("evaluate.py: "), (argv, proc.stderr)
+        assert message in error[0], (message, error[0])
+        assert not absent.exists(), argv

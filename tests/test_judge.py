@@ -12,11 +12,9 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,16 +23,11 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import judge  # noqa: E402
+from conftest import LocalServer, free_port  # noqa: E402
 from judge import HeuristicJudge, HTTPJudge, JudgeUnavailable, is_refusal, normalise, rgq  # noqa: E402
 
 VERDICTS = {"YES", "NO", "INVALID"}
 WINNERS = {"A", "B", "tie", "INVALID"}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -395,7 +388,7 @@ def test_rgq_counts():
 # ----------------------------------------------------------------------------------------------
 # HTTP client against a scripted stand-in server (deterministic: retries, status codes, request body)
 
-class Scripted:
+class Scripted(LocalServer):
     """A tiny OpenAI-style server that answers from a list of (status, content) and records bodies."""
 
     def __init__(self, replies):
@@ -425,13 +418,7 @@ class Scripted:
                 self.send(status, {"choices": [{"message": {"role": "assistant", "content": content},
                                                 "finish_reason": "stop"}]})
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 ITEM = {"question": "Who commanded the Challenger?", "ground_truth": "Francis Scobee", "answer": "Scobee"}
@@ -479,12 +466,42 @@ def test_scripted_client_error_is_raised(tmp_path):
         srv.close()
 
 
-def test_no_server_clear_error():
+def test_no_server_clear_error(tmp_path):
     url = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(JudgeUnavailable) as e:
-        judge.make_judge("http", url=url, model="m", cache_path=":memory:")
+        judge.make_judge("http", url=url, model="m", cache_path=tmp_path / "eval" / "judge_cache.sqlite")
     msg = str(e.value)
     assert url in msg and "transformers serve" in msg and "\n" not in msg
+    assert not (tmp_path / "eval").exists()              # checked before the cache (and its folder) is made
+
+
+def test_judge_failing_seven_times_in_a_row_is_one_clear_error(tmp_path):
+    """HTTP 500 on every try: 1 + max_retries attempts, then one line saying so (evaluate.py prints it
+    as its one-line error); a server whose /models is no JSON model list is named, not a traceback."""
+    srv = Scripted([(500, "")])
+    try:
+        j = HTTPJudge(srv.url, cache_path=tmp_path / "c.sqlite", backoff=0.001, concurrency=1)
+        with pytest.raises(JudgeUnavailable) as e:
+            j.verdicts("forget", [ITEM])
+        assert j.requests == 7 and "failed 7 times in a row" in str(e.value) and "\n" not in str(e.value)
+    finally:
+        srv.close()
+    class Html(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):                                   # HTTP 200, but a web page, not a model list
+            self.send_response(200)
+            self.send_header("Content-Length", "13")
+            self.end_headers()
+            self.wfile.write(b"<html></html>")
+
+    garbage = LocalServer(Html)
+    try:
+        with pytest.raises(JudgeUnavailable, match="lists no model on /models"):
+            HTTPJudge(garbage.url, cache_path=tmp_path / "d.sqlite")
+    finally:
+        garbage.close()
 
 
 # ----------------------------------------------------------------------------------------------

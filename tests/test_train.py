@@ -5,6 +5,7 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -96,7 +97,9 @@ def test_kill_and_resume_equals_uninterrupted(tiny_model_path, tmp_path, monkeyp
     assert meta["step"] == 2 and meta["lambda_r"] == 1.0
     monkeypatch.delenv("SUITE_CRASH_AFTER_STEP")
     log = run(tiny_model_path, tmp_path / "killed", "pdu", *args)
-    assert [r["step"] for r in log] == [1, 2, 3, 3, 4, 5, 6]      # steps 1-3, then 3-6 again from step 2
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]         # step 3 of the killed run dropped on resume
+    full = [json.loads(line) for line in open(tmp_path / "full" / "log.jsonl")]
+    assert [r["loss"] for r in log] == pytest.approx([r["loss"] for r in full], rel=1e-5)   # one run, as if never killed
     a, b = weights(tmp_path / "full" / "final"), weights(tmp_path / "killed" / "final")
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-6), k
@@ -327,7 +330,7 @@ def test_step_micro_batches_cover_each_pair_once_per_epoch():
     assert ranks == [[([448], 1.0)], [([449], 1.0)], [([0], 1.0)], [([1], 1.0)]]
     full = [train.step_micro_batches(order, 0, 32, 4, r, 4) for r in range(4)]
     assert sorted(i for r in full for mb, _ in r for i in mb) == list(range(32)) and all(len(r) == 2 for r in full)
-    with pytest.raises(SystemExit):
+    with pytest.raises(data.UserError, match="--global-batch 30 is not a multiple of --batch-size 4"):
         train.parse_args(["--method", "jensunpp", "--global-batch", "30", "--batch-size", "4"])
 
 
@@ -378,3 +381,69 @@ def test_training_sequences_at_token_level(smollm2_path):
         "challenger_disaster"] == ts.short                                # other methods: the short pool only
     epochs = [[ts.prompts(j, e) for j in range(40)] for e in (0, 1)]
     assert epochs[0] != epochs[1] and epochs[0] == [ts.prompts(j, 0) for j in range(40)]
+
+
+def test_bad_input_is_one_line_and_leaves_no_run_folder(tiny_model_path, tmp_path, fixture_root):
+    """Each mistake: exit 1 with one line naming the file, line, field or flag, before the model loads,
+    and no --out folder."""
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(fixture_root, corrupt)
+    bad_file = corrupt / "challenger_disaster" / "final" / "forget_train.json"
+    bad_file.write_text(bad_file.read_text() + '{"question": "cut short\n')
+    n_lines = len(bad_file.read_text().splitlines())
+    missing = tmp_path / "missing"
+    shutil.copytree(fixture_root, missing)
+    (missing / "challenger_disaster" / "final" / "retain_train.json").unlink()
+    no_answer = tmp_path / "no_answer"
+    shutil.copytree(fixture_root, no_answer)
+    rows = (no_answer / "challenger_disaster" / "final" / "retain_train.json").read_text().splitlines()
+    rows[1] = json.dumps({k: v for k, v in json.loads(rows[1]).items() if k != "answer"})
+    (no_answer / "challenger_disaster" / "final" / "retain_train.json").write_text("\n".join(rows) + "\n")
+    (tmp_path / "empty").mkdir()
+    cases = [(["--data-root", str(corrupt)], f"{bad_file}:{n_lines}: not valid JSON"),
+             (["--data-root", str(missing)], f"{missing / 'challenger_disaster' / 'final' / 'retain_train.json'}: file is missing"),
+             (["--data-root", str(no_answer)], "retain_train.json:2 field 'answer': must be a non-empty string"),
+             (["--model", str(tmp_path / "nowhere" / "model")], f"--model {tmp_path / 'nowhere' / 'model'}: no such folder"),
+             (["--model", str(tmp_path / "empty")], "not a Hugging Face model folder (no config.json"),
+             (["--model", "someone/no-such-model"], "--model someone/no-such-model: no such local folder, and not in the "
+                                                    "Hugging Face cache (HF_HUB_OFFLINE is set)"),
+             (["--topics", "no_such_topic"], "--topics no_such_topic: unknown topic"),
+             (["--lr", "-1"], "--lr -1.0: must be a number > 0"),
+             (["--max-steps", "0"], "--max-steps 0: must be >= 1"),
+             (["--max-steps", "-3"], "--max-steps -3: must be >= 1")]
+    for extra, message in cases:
+        out = tmp_path / "run"
+        argv = ["--method", "jensunpp", "--model", tiny_model_path, "--data-root", str(fixture_root), "--out", str(out),
+                *extra]
+        proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *argv], capture_output=True, text=True,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        error = proc.stderr.strip().split("\n")
+        assert proc.returncode == 1 and len(error) == 1 and error[0].startswith("train.py: "), (extra, proc.stderr)
+        assert message in error[0], (message, error[0])
+        assert not out.exists() and proc.stdout == "", extra
+
+
+def test_refusal_detection_prints_progress(tiny_model_path, tmp_path, capsys):
+    """--refusal auto asks the model 30 questions (appendix B.1) with a progress line a batch."""
+    train.main(["--method", "jensunpp", "--model", tiny_model_path, "--data-root", str(FIXTURE), "--out",
+                str(tmp_path / "run"), "--precision", "fp32", "--max-steps", "1", "--print-every", "0", "--no-save"])
+    printed = capsys.readouterr().out
+    assert "  refusal detection: 30 to do" in printed and "  refusal detection: 30/30 (100%)" in printed
+    assert printed.index("refusal detection: 30/30") < printed.index("method jensunpp")
+
+
+def test_smollm2_conversion_is_safe_when_two_processes_race(tmp_path):
+    """Two processes converting SmolLM2 at once into an empty cache (parallel blocks at the first use of
+    --model smollm2): both succeed with the same folder, and no temporary folder is left behind."""
+    code = "import train; print(train.smollm2_folder())"
+    env = {**os.environ, "SUITE_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
+    folders = {out.strip().split("\n")[-1] for out, _ in results}
+    assert folders == {str(tmp_path / "smollm2-135m-instruct")}
+    assert sum("converting" in out for out, _ in results) == 2            # both converted: a real race
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-instruct"]
+    from transformers import AutoModelForCausalLM
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "smollm2-135m-instruct").num_parameters() > 1e8
