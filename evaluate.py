@@ -375,8 +375,9 @@ def report(metrics, title):
     return "\n".join(lines)
 
 
-def write_results(out_dir, rows, utility, title, max_invalid=MAX_INVALID, max_rgq_discarded=MAX_RGQ_DISCARDED):
-    metrics = compute_metrics(rows, utility, max_invalid, max_rgq_discarded)
+def write_results(out_dir, rows, utility, title, max_invalid=MAX_INVALID, max_rgq_discarded=MAX_RGQ_DISCARDED,
+                  run_info=None):
+    metrics = {**compute_metrics(rows, utility, max_invalid, max_rgq_discarded), "run": run_info}
     (Path(out_dir) / "metrics.json").write_text(json.dumps(metrics, indent=1))
     (Path(out_dir) / "report.md").write_text(report(metrics, title) + "\n")
     return metrics
@@ -388,14 +389,21 @@ def rescore(run_dir, max_invalid=MAX_INVALID, max_rgq_discarded=MAX_RGQ_DISCARDE
     if not rows:
         raise data.UserError(f"{run_dir / 'rows.jsonl'}: no rows to score")
     utility = json.loads((run_dir / "utility.json").read_text()) if (run_dir / "utility.json").exists() else {}
-    return write_results(run_dir, rows, utility, f"SUITE evaluation: {run_dir}", max_invalid, max_rgq_discarded)
+    previous = run_dir / "metrics.json"                      # keeps the training settings recorded there
+    run_info = json.loads(previous.read_text()).get("run") if previous.exists() else None
+    return write_results(run_dir, rows, utility, f"SUITE evaluation: {run_dir}", max_invalid, max_rgq_discarded,
+                         run_info)
 
 
 # ----------------------------------------------------------------------------------------------
 # Utility (MMLU, repetitiveness, RGQ), resumable per part
 
-def utility_metrics(get_model, base_path, out_dir, args, judge):
-    """MMLU, Rep and RGQ, each with progress lines and kept in utility.json once done (a rerun skips it).
+def utility_metrics(get_model, out_dir, judge, parts=("mmlu", "rep", "rgq"), *, batch_size=DEFAULT_BATCH,
+                    base_path=None, mmlu_file=None, mmlu_n=2000, seed=0, instructions=None, rep_n=500,
+                    rep_tokens=1000, rgq_n=100, rgq_tokens=512, long_cache=None,
+                    max_rgq_discarded=MAX_RGQ_DISCARDED):
+    """MMLU, Rep and RGQ (those in `parts`), each with progress lines and kept in utility.json once done
+    (a rerun skips it).
     RGQ only with an LLM judge and a base model (else None, and the reason in rgq_note); it is judged
     again when the judge changed or discarded more pairs than --max-rgq-discarded (from the saved
     generations; the judge's cache holds every valid verdict, so only the discarded pairs are asked)."""
@@ -403,36 +411,36 @@ def utility_metrics(get_model, base_path, out_dir, args, judge):
     import utility
     path = Path(out_dir) / "utility.json"
     result = json.loads(path.read_text()) if path.exists() else {}
-    if "mmlu" not in args.skip and "mmlu" not in result:
+    if "mmlu" in parts and "mmlu" not in result:
         t0 = time.time()
-        rows = utility.load_mmlu(args.mmlu_file, n=args.mmlu_n, seed=args.seed)
+        rows = utility.load_mmlu(mmlu_file, n=mmlu_n, seed=seed)
         model, tokenizer = get_model()
-        result["mmlu"], _ = utility.mmlu_accuracy(model, tokenizer, rows, args.batch_size, Progress("MMLU", len(rows)))
+        result["mmlu"], _ = utility.mmlu_accuracy(model, tokenizer, rows, batch_size, Progress("MMLU", len(rows)))
         result["mmlu"] *= 100
         result["mmlu_seconds"] = round(time.time() - t0, 1)
         path.write_text(json.dumps(result, indent=1))
-    if "rep" not in args.skip and "rep" not in result:
+    if "rep" in parts and "rep" not in result:
         t0 = time.time()
-        instructions = utility.load_instructions(args.instructions)[:args.rep_n]
+        prompts = utility.load_instructions(instructions)[:rep_n]
         model, tokenizer = get_model()
-        texts = utility.generate_long(model, tokenizer, instructions, args.rep_tokens, args.batch_size,
-                                      Progress("Rep generate", len(instructions)), cache=args.long_cache)
+        texts = utility.generate_long(model, tokenizer, prompts, rep_tokens, batch_size,
+                                      Progress("Rep generate", len(prompts)), cache=long_cache)
         result["rep"] = utility.repetitiveness(texts)
         result["rep_seconds"] = round(time.time() - t0, 1)
         (Path(out_dir) / "rep_generations.jsonl").write_text(
-            "".join(json.dumps({"instruction": i, "answer": t}) + "\n" for i, t in zip(instructions, texts)))
+            "".join(json.dumps({"instruction": i, "answer": t}) + "\n" for i, t in zip(prompts, texts)))
         path.write_text(json.dumps(result, indent=1))
-    if "rgq" not in args.skip:
+    if "rgq" in parts:
         cannot = (HEURISTIC_RGQ if isinstance(judge, judge_module.HeuristicJudge)
                   else "no base model to compare with (--base)" if not base_path else None)
         by_llm = result.get("rgq") is not None and "approximate" not in result.get("rgq_judge", "approximate")
         if cannot:
             if not by_llm:                                  # an earlier LLM judge's RGQ stays
                 result.update(rgq=None, rgq_note=cannot)
-        elif result.get("rgq_judge") != judge.label or rgq_discarded_share(result) > args.max_rgq_discarded:
+        elif result.get("rgq_judge") != judge.label or rgq_discarded_share(result) > max_rgq_discarded:
             t0 = time.time()
-            subset = utility.load_instructions(args.instructions)[:args.rgq_n]
-            base, new = rgq_generations(get_model, base_path, subset, out_dir, args)
+            subset = utility.load_instructions(instructions)[:rgq_n]
+            base, new = rgq_generations(get_model, base_path, subset, out_dir, rgq_tokens, batch_size, long_cache)
             verdicts = utility.rgq_eval(judge, subset, base, new, progress=Progress("judge RGQ", 2 * len(subset)).to)
             result.update({f"rgq_{k}": v for k, v in verdicts.items()})
             result["rgq"] = result.pop("rgq_rgq") * 100 if result.get("rgq_rgq") is not None else None
@@ -449,23 +457,23 @@ def rgq_discarded_share(u):
     return dropped / pairs if pairs else 0.0
 
 
-def rgq_generations(get_model, base_path, instructions, out_dir, args):
+def rgq_generations(get_model, base_path, instructions, out_dir, tokens, batch_size, long_cache=None):
     """(base, new): both models' long answers to the RGQ instructions, kept in rgq_generations.jsonl so
     that judging again does not generate again."""
     import utility
     path = Path(out_dir) / "rgq_generations.jsonl"
     saved = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    if [r["instruction"] for r in saved] == instructions and all(r["tokens"] == args.rgq_tokens for r in saved):
+    if [r["instruction"] for r in saved] == instructions and all(r["tokens"] == tokens for r in saved):
         return [r["base"] for r in saved], [r["new"] for r in saved]
     model, tokenizer = get_model()
-    new = utility.generate_long(model, tokenizer, instructions, args.rgq_tokens, args.batch_size,
-                                Progress("RGQ generate", len(instructions)), cache=args.long_cache)
+    new = utility.generate_long(model, tokenizer, instructions, tokens, batch_size,
+                                Progress("RGQ generate", len(instructions)), cache=long_cache)
     base_model, base_tok = lazy_model(base_path)()
-    base = utility.generate_long(base_model, base_tok, instructions, args.rgq_tokens, args.batch_size,
-                                 Progress("RGQ generate (base model)", len(instructions)), cache=args.long_cache)
+    base = utility.generate_long(base_model, base_tok, instructions, tokens, batch_size,
+                                 Progress("RGQ generate (base model)", len(instructions)), cache=long_cache)
     del base_model
     tmp = path.with_name(path.name + ".tmp")            # whole or absent: a rerun reads it back
-    tmp.write_text("".join(json.dumps({"instruction": i, "base": b, "new": n, "tokens": args.rgq_tokens}) + "\n"
+    tmp.write_text("".join(json.dumps({"instruction": i, "base": b, "new": n, "tokens": tokens}) + "\n"
                            for i, b, n in zip(instructions, base, new)))
     tmp.replace(path)
     return base, new
@@ -510,17 +518,22 @@ def resolve_stages(ckpt):
     return [(path.name or str(ckpt), str(ckpt))], None
 
 
-def evaluate_model(model_path, out_dir, args, judge, base_path):
+def evaluate_model(model_path, out_dir, queries, judge, *, batch_size=DEFAULT_BATCH, prompt_format="paper",
+                   system_prompt=data.SYSTEM_PROMPT, utility_parts=("mmlu", "rep", "rgq"), utility_options=None,
+                   base_path=None, base_eval=None, nll_topics=(), data_root=data.DEFAULT_ROOT, run_info=None,
+                   max_invalid=MAX_INVALID, max_rgq_discarded=MAX_RGQ_DISCARDED):
+    """Answers, verdicts, utility and metrics of one model for `queries` (build_queries rows), written
+    into out_dir. `utility_options` go to utility_metrics; `base_eval`, an evaluation folder of the base
+    model, adds the NLL before/after analysis over `nll_topics`; `run_info` (the training settings of the
+    model, see run_settings) is recorded in metrics.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     t = {}
     t0 = time.time()
-    queries = [q for topic in args.topics for q in build_queries(topic, args.data_root, args.seed, args.limit)
-               if q["set"] in args.sets]
     get_model = lazy_model(model_path)
-    answers = generate_answers(get_model, queries, out_dir, args.batch_size, args.prompt_format, args.system_prompt)
+    answers = generate_answers(get_model, queries, out_dir, batch_size, prompt_format, system_prompt)
     t["generate_s"] = round(time.time() - t0, 1)
     for q in queries:
-        q["answer"], q["prompt_format"] = answers[q["id"]], args.prompt_format
+        q["answer"], q["prompt_format"] = answers[q["id"]], prompt_format
     t0 = time.time()
     judge_rows(queries, judge)
     t["judge_s"] = round(time.time() - t0, 1)
@@ -529,97 +542,34 @@ def evaluate_model(model_path, out_dir, args, judge, base_path):
             f.write(json.dumps(q, ensure_ascii=False) + "\n")
     (out_dir / "rows.jsonl.tmp").rename(out_dir / "rows.jsonl")
     t0 = time.time()
-    utility = utility_metrics(get_model, base_path, out_dir, args, judge) if len(args.skip) < 3 else {}
+    utility = utility_metrics(get_model, out_dir, judge, utility_parts, batch_size=batch_size, base_path=base_path,
+                              max_rgq_discarded=max_rgq_discarded, **(utility_options or {})) if utility_parts else {}
     t["utility_s"] = round(time.time() - t0, 1)
-    if args.base_eval:
+    if base_eval:
         t0 = time.time()
-        base_rows = list(read_jsonl_dict(Path(args.base_eval) / "rows.jsonl").values())
-        utility["nll"] = nll_before_after(model_path, base_path, args.topics, args.data_root, base_rows, out_dir)["summary"]["groups"]
+        base_rows = list(read_jsonl_dict(Path(base_eval) / "rows.jsonl").values())
+        utility["nll"] = nll_before_after(model_path, base_path, nll_topics, data_root, base_rows, out_dir)["summary"]["groups"]
         t["nll_s"] = round(time.time() - t0, 1)
     utility["timing"] = t
-    metrics = write_results(out_dir, queries, utility, f"SUITE evaluation: {model_path}", args.max_invalid,
-                            args.max_rgq_discarded)
+    metrics = write_results(out_dir, queries, utility, f"SUITE evaluation: {model_path}", max_invalid,
+                            max_rgq_discarded, run_info)
     print(f"{model_path}: " + ", ".join(f"{k} {cell(metrics['average'], k)}" for k in AVERAGED) + f"  ({t})")
     for warning in metrics["warnings"]:
         print(f"WARNING: {warning} ({out_dir / 'report.md'})", flush=True)
     return metrics
 
 
-# ----------------------------------------------------------------------------------------------
-# One table across runs (the small-scale reproduction, learning-rate sweeps)
-
-TABLE_COLUMNS = ["Q_D+I", "Q_R", "Q_All", "Q*_All", "Gib", "Retain", "s0", "s1-10", "s11-15", "MMLU", "Rep"]
-
-
-def table_entry(arg):
-    """A NAME=EVAL_DIR or EVAL_DIR argument: the evaluation folder's metrics, plus the method and learning
-    rate of the train.py run it belongs to (RUN/eval/<stage>/ -> RUN/config.json), if any."""
-    label, _, folder = arg.rpartition("=")
-    folder = Path(folder)
-    if not (folder / "metrics.json").exists():
-        raise data.UserError(f"{folder}: no metrics.json (evaluate it first)")
-    entry = {"label": label, "dir": folder, "method": None, "lr": None,
-             "metrics": json.loads((folder / "metrics.json").read_text())}
-    cfg_path = folder.parent.parent / "config.json"
-    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
-    if "method" in cfg:
-        entry["method"], entry["lr"] = cfg["method"], cfg["hparams"]["lr"]
-    entry["label"] = entry["label"] or entry["method"] or folder.name
-    return entry
-
-
-def table_row(entry):
-    avg, u = entry["metrics"]["average"], entry["metrics"]["utility"]
-    values = {**avg, "MMLU": u.get("mmlu"), "Rep": u.get("rep")}
-    return [fmt(values.get(c)) for c in TABLE_COLUMNS]
-
-
-def sweep_score(entry):
-    """Learning-rate choice of the small-scale reproduction: the most retained minus the most leaked
-    (Retain - Q_All, both in %); ties go to the lower learning rate."""
-    avg = entry["metrics"]["average"]
-    return (avg["Retain"] or 0) - (avg["Q_All"] or 0), -entry["lr"]
-
-
-def results_table(args, out_path, example_labels):
-    """The paper-layout table: entries without a train.py method (base, injected) first, then for each
-    method the sweep run with the best sweep_score; below it the whole sweep and example answers."""
-    entries = [table_entry(a) for a in args]
-    methods = list(dict.fromkeys(e["method"] for e in entries if e["method"]))
-    chosen = {m: max((e for e in entries if e["method"] == m), key=sweep_score) for m in methods}
-    main = [e for e in entries if not e["method"]] + [chosen[m] for m in methods]
-    judges = sorted({j for e in entries for j in e["metrics"]["judge"]})
-    head = ["Model", "LR"] + TABLE_COLUMNS
-    lines = ["# Results", "", f"Judge: {', '.join(judges)}", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join([e["label"], f"{e['lr']:.2g}" if e["lr"] else ""] + table_row(e)) + " |" for e in main]
-    if any(sum(e["method"] == m for e in entries) > 1 for m in methods):
-        lines += ["", "## Learning-rate sweep (selected: Retain - Q_All highest, marked *)", "",
-                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for m in methods:
-            for e in sorted((e for e in entries if e["method"] == m), key=lambda e: e["lr"]):
-                star = " *" if e is chosen[m] else ""
-                lines.append("| " + " | ".join([e["label"] + star, f"{e['lr']:.2g}"] + table_row(e)) + " |")
-    if example_labels:
-        lines += ["", "## Example answers (forget questions, original wording, asked alone)", ""]
-        rows_by_entry = [(e, read_jsonl_dict(e["dir"] / "rows.jsonl")) for e in main]
-        for label in example_labels:
-            found = [(e, next((r for r in rows.values() if r["set"] == "forget" and r["label"] == label
-                               and r["variant"] == "original" and r["format"] == "alone"), None))
-                     for e, rows in rows_by_entry]
-            first = next((r for _, r in found if r), None)
-            if first is None:
-                continue
-            lines += [f"**{first['question']}** (answer: {first['ground_truth']})", "",
-                      "| Model | answer | leaked |", "|---|---|---|"]
-            for e, r in found:
-                if r:
-                    text = " ".join(r["answer"].split())[:160].replace("|", "\\|")
-                    lines.append(f"| {e['label']} | {text} | {r['verdicts'].get('leak', '?')} |")
-            lines.append("")
-    Path(out_path).write_text("\n".join(lines) + "\n")
-    Path(out_path).with_suffix(".selected").write_text("".join(f"{chosen[m]['dir']}\n" for m in methods))
-    print("\n".join(lines))
+def run_settings(config, run_dir, stage):
+    """What metrics.json records about the trained model: method, learning rate, loss factors, model
+    family, refusal and where its log is (report.py reads JensUn++'s alpha from it); None for a model
+    that train.py did not produce."""
+    if not config or "method" not in config:
+        return None
+    hp = config.get("hparams", {})
+    return {"method": config["method"], "lr": hp.get("lr"), "lambda_f": hp.get("lambda_f"),
+            "lambda_r": hp.get("lambda_r"), "family": config.get("family"), "refusal": config.get("refusal"),
+            "model": config.get("model"), "mode": config.get("mode"), "topics": config.get("topics"),
+            "dir": str(run_dir), "stage": stage}
 
 
 FLAG_RULES = {name: data.AT_LEAST_ONE for name in ("batch_size", "judge_concurrency", "limit", "mmlu_n", "rep_n",
@@ -631,11 +581,6 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("ckpt", nargs="?", help="train.py stage or run folder, HF id, or model folder")
     p.add_argument("--rescore", metavar="RUN_DIR", help="recompute metrics.json and report.md from rows.jsonl")
-    p.add_argument("--table", metavar="OUT_MD", help="write one results table over the evaluation folders given "
-                   "with --runs (a best learning rate per method; its folders listed in OUT.selected)")
-    p.add_argument("--runs", nargs="+", default=[], metavar="[NAME=]EVAL_DIR", help="evaluation folders for --table")
-    p.add_argument("--examples", nargs="*", default=["M1-direct", "K5-direct", "K8-direct"],
-                   help="forget labels whose answers --table shows")
     p.add_argument("--out", help="output folder (default: CKPT/eval, or runs/eval_<name> for a hub id)")
     p.add_argument("--topics", nargs="+", default=["all"])
     p.add_argument("--data-root", default=str(data.DEFAULT_ROOT))
@@ -673,8 +618,8 @@ def parse_args(argv=None):
     p.add_argument("--rgq-tokens", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if not args.ckpt and not args.rescore and not args.table:
-        raise data.UserError("give CKPT, --rescore RUN_DIR or --table OUT_MD --runs ...")
+    if not args.ckpt and not args.rescore:
+        raise data.UserError("give CKPT or --rescore EVAL_DIR (tables over many evaluations: report.py)")
     data.check_flags(args, FLAG_RULES)
     if args.long_cache is None:
         args.long_cache = "static" if torch.cuda.is_available() else "dynamic"
@@ -719,9 +664,6 @@ def main(argv=None):
             print(json.dumps(metrics["average"]))
             fail_on_warnings({Path(args.rescore) / "report.md": metrics})
             return
-        if args.table:
-            results_table(args.runs, args.table, args.examples)
-            return
         evaluate_all(args, judge_module)
 
 
@@ -748,10 +690,24 @@ def evaluate_all(args, judge_module):
                                     concurrency=args.judge_concurrency)
     root_out.mkdir(parents=True, exist_ok=True)
     summary, folders = {}, {}
+    queries = [q for topic in args.topics for q in build_queries(topic, args.data_root, args.seed, args.limit)
+               if q["set"] in args.sets]
+    options = dict(mmlu_file=args.mmlu_file, mmlu_n=args.mmlu_n, seed=args.seed, instructions=args.instructions,
+                   rep_n=args.rep_n, rep_tokens=args.rep_tokens, rgq_n=args.rgq_n, rgq_tokens=args.rgq_tokens,
+                   long_cache=args.long_cache)
     for name, path in stages:
         out_dir = folders[name] = root_out / name if run_cfg else root_out
         print(f"== evaluating {path} -> {out_dir}")
-        summary[name] = evaluate_model(path, out_dir, args, judge, base)
+        stage_cfg = Path(path) / "train_config.json"
+        trained = run_cfg or (json.loads(stage_cfg.read_text()) if stage_cfg.exists() else None)
+        run_dir = Path(args.ckpt) if run_cfg else Path(path).parent
+        summary[name] = evaluate_model(
+            path, out_dir, [dict(q) for q in queries], judge, batch_size=args.batch_size,
+            prompt_format=args.prompt_format, system_prompt=args.system_prompt,
+            utility_parts=[p for p in ("mmlu", "rep", "rgq") if p not in args.skip], utility_options=options,
+            base_path=base, base_eval=args.base_eval, nll_topics=args.topics, data_root=args.data_root,
+            run_info=run_settings(trained, run_dir, name), max_invalid=args.max_invalid,
+            max_rgq_discarded=args.max_rgq_discarded)
     if run_cfg and len(stages) > 1:
         lines = ["# Forget rate across stages (Q_All per topic after each stage)", "",
                  "| Stage | " + " | ".join(args.topics) + " | Retain |", "|" + "---|" * (len(args.topics) + 2)]

@@ -1,0 +1,240 @@
+"""Tables over many evaluations, in the paper's layout: sweeps with their selected runs, sequential
+stages, relearning.
+
+    python report.py table OUT.md [NAME=]EVAL_DIR ... [--examples M1-direct ...]
+    python report.py stages OUT.md [NAME=]SEQUENTIAL_EVAL ... [--joint NAME=EVAL_DIR ...]
+    python report.py relearn OUT.md NAME=BEFORE_EVAL,AFTER_EVAL ...
+
+An EVAL_DIR is an evaluate.py output folder (metrics.json, rows.jsonl); a SEQUENTIAL_EVAL the folder
+evaluate.py wrote for a sequential run (RUN/eval, one subfolder per stage). Every table names its judge.
+"""
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import data
+import evaluate
+
+COLUMNS = ["Q_D+I", "Q_R", "Q_All", "Q*_All", "Gib", "Retain", "s0", "s1-10", "s11-15", "MMLU", "Rep"]
+# The selection rule of the small-scale reproduction: among runs that forget (Q_All <= 10) without
+# gibberish (Gib <= 5), the one that retains most; if none qualifies, the best Retain - Q_All - Gib.
+MAX_Q_ALL, MAX_GIB = 10.0, 5.0
+
+
+def entry(arg):
+    """[NAME=]EVAL_DIR: the evaluation's metrics and the training settings evaluate.py recorded in them."""
+    label, _, folder = arg.rpartition("=")
+    folder = Path(folder)
+    if not (folder / "metrics.json").exists():
+        raise data.UserError(f"{folder}: no metrics.json (evaluate it first)")
+    metrics = json.loads((folder / "metrics.json").read_text())
+    run = metrics.get("run") or {}
+    return {"label": label or run.get("method") or folder.name, "dir": folder, "metrics": metrics, "run": run,
+            "method": run.get("method"), "lr": run.get("lr"), "alpha": alpha_range(run)}
+
+
+def alpha_range(run):
+    """JensUn++'s balancing factor alpha over training (eq. 4): 'min-median-max' from the run's
+    log.jsonl, or None for runs without one."""
+    log = Path(run.get("dir", "")) / "log.jsonl"
+    if run.get("method") != "jensunpp" or not log.is_file():
+        return None
+    values = [r["alpha"] for r in map(json.loads, log.read_text().splitlines())
+              if r.get("stage") == run.get("stage") and "alpha" in r]
+    return f"{min(values):.2g}-{statistics.median(values):.2g}-{max(values):.2g}" if values else None
+
+
+def values(e):
+    avg, u = e["metrics"]["average"], e["metrics"]["utility"]
+    return {**avg, "MMLU": u.get("mmlu"), "Rep": u.get("rep")}
+
+
+def qualifies(e):
+    v = values(e)
+    return v.get("Q_All") is not None and v.get("Gib") is not None and v["Q_All"] <= MAX_Q_ALL and v["Gib"] <= MAX_GIB
+
+
+def select(entries):
+    """The selected run of one method's sweep and whether it met the rule (see MAX_Q_ALL, MAX_GIB);
+    ties go to the lower learning rate."""
+    qualified = [e for e in entries if qualifies(e)]
+    if qualified:
+        return max(qualified, key=lambda e: (values(e)["Retain"] or 0, -(e["lr"] or 0))), True
+    score = lambda e: (values(e).get("Retain") or 0) - (values(e).get("Q_All") or 0) - (values(e).get("Gib") or 0)
+    return max(entries, key=lambda e: (score(e), -(e["lr"] or 0))), False
+
+
+def settings(e):
+    run = e["run"]
+    return [f"{run['lr']:.2g}" if run.get("lr") else "", fmt_num(run.get("lambda_f")), fmt_num(run.get("lambda_r")),
+            e["alpha"] or ""]
+
+
+def fmt_num(v):
+    return "" if v is None else f"{v:g}"
+
+
+def row(e, mark=""):
+    return "| " + " | ".join([e["label"] + mark, *settings(e), *(evaluate.fmt(values(e).get(c)) for c in COLUMNS)]) + " |"
+
+
+def header(entries, title):
+    judges = sorted({j for e in entries for j in e["metrics"]["judge"]})
+    formats = sorted({f for e in entries for f in e["metrics"].get("prompt_format", ["chat"])})
+    head = ["Model", "LR", "lambda_f", "lambda_r", "alpha min-med-max"] + COLUMNS
+    return [f"# {title}", "", f"Judge: {', '.join(judges)}; prompt format: {', '.join(formats)}", "",
+            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+
+def sweep_table(args):
+    """The paper-layout table: entries without a train.py method (base, injected) first, then each
+    method's selected run; below it every run of each sweep (selected marked *), and example answers
+    of the table's rows. OUT.selected lists the selected evaluation folders, one per line."""
+    entries = [entry(a) for a in args.evals]
+    methods = list(dict.fromkeys(e["method"] for e in entries if e["method"]))
+    chosen = {m: select([e for e in entries if e["method"] == m]) for m in methods}
+    main = [e for e in entries if not e["method"]] + [chosen[m][0] for m in methods]
+    lines = header(entries, "Results") + [row(e) for e in main]
+    unmet = [m for m in methods if not chosen[m][1]]
+    if unmet:
+        lines += ["", f"No run of {', '.join(unmet)} met the rule (Q_All <= {MAX_Q_ALL:g} and Gib <= {MAX_GIB:g}): "
+                  "shown is the best Retain - Q_All - Gib."]
+    if any(sum(e["method"] == m for e in entries) > 1 for m in methods):
+        lines += ["", f"## Sweeps (selected, marked *: among runs with Q_All <= {MAX_Q_ALL:g} and Gib <= {MAX_GIB:g} "
+                  "the highest Retain; if none, the highest Retain - Q_All - Gib)", ""] + header(entries, "")[4:]
+        for m in methods:
+            runs = sorted((e for e in entries if e["method"] == m),
+                          key=lambda e: (e["lr"] or 0, e["run"].get("lambda_f") or 0, e["run"].get("lambda_r") or 0))
+            lines += [row(e, " *" if e is chosen[m][0] else "") for e in runs]
+    lines += example_answers(main, args.examples)
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    Path(args.out).with_suffix(".selected").write_text("".join(f"{chosen[m][0]['dir']}\n" for m in methods))
+    print("\n".join(lines))
+
+
+def example_answers(entries, labels):
+    """Each model's answer to some forget questions (original wording, asked alone) and its verdict."""
+    if not labels:
+        return []
+    lines = ["", "## Example answers (forget questions, original wording, asked alone)", ""]
+    rows_by_entry = [(e, evaluate.read_jsonl_dict(e["dir"] / "rows.jsonl")) for e in entries]
+    for label in labels:
+        found = [(e, next((r for r in rows.values() if r["set"] == "forget" and r["label"] == label
+                           and r["variant"] == "original" and r["format"] == "alone"), None))
+                 for e, rows in rows_by_entry]
+        first = next((r for _, r in found if r), None)
+        if first is None:
+            continue
+        lines += [f"**{first['question']}** (answer: {first['ground_truth']})", "",
+                  "| Model | answer | leaked |", "|---|---|---|"]
+        for e, r in found:
+            if r:
+                text = " ".join(r["answer"].split())[:160].replace("|", "\\|")
+                lines.append(f"| {e['label']} | {text} | {r['verdicts'].get('leak', '?')} |")
+        lines.append("")
+    return lines
+
+
+def stage_entries(arg):
+    """[NAME=]RUN/eval of a sequential run: one entry per stage folder, in the run's stage order."""
+    label, _, folder = arg.rpartition("=")
+    folder = Path(folder)
+    stages = sorted((p for p in folder.iterdir() if (p / "metrics.json").exists() and p.name.startswith("stage")),
+                    key=lambda p: int(p.name[len("stage"):].split("_")[0])) if folder.is_dir() else []
+    if not stages:
+        raise data.UserError(f"{folder}: no stage<N>_<topic>/metrics.json in it (evaluate the sequential run first)")
+    return [dict(entry(str(p)), label=label or folder.parent.name, stage=p.name) for p in stages]
+
+
+def stages_table(args):
+    """The paper's sequential figure as a table (Q_All of every topic after every stage, with Retain
+    and Gib) and as a PNG next to OUT; joint runs' final rows beside."""
+    runs = [stage_entries(a) for a in args.sequential]
+    joint = [entry(a) for a in args.joint]
+    topics = list(runs[0][0]["metrics"]["topics"])
+    head = ["Method", "after stage"] + [f"Q_All {t}" for t in topics] + ["Q_All avg", "Retain", "Gib"]
+    lines = header([e for r in runs for e in r] + joint, "Sequential and joint unlearning")[:3] + [
+        "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for stages in runs:
+        for e in stages:
+            lines.append(stage_row(e, e["label"], e["stage"], topics))
+    for e in joint:
+        lines.append(stage_row(e, e["label"], "joint (all topics at once)", topics))
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    plot_stages(runs, topics, Path(args.out).with_suffix(".png"))
+    print("\n".join(lines))
+
+
+def stage_row(e, label, stage, topics):
+    m = e["metrics"]
+    return "| " + " | ".join([label, stage] + [evaluate.cell(m["topics"][t], "Q_All") for t in topics] +
+                             [evaluate.cell(m["average"], k) for k in ("Q_All", "Retain", "Gib")]) + " |"
+
+
+def plot_stages(runs, topics, path):
+    """One panel per method: Q_All of each topic (lines) after each stage (x)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(runs), figsize=(4 * len(runs), 3.2), squeeze=False, sharey=True)
+    for ax, stages in zip(axes[0], runs):
+        x = range(1, len(stages) + 1)
+        for t in topics:
+            ax.plot(x, [e["metrics"]["topics"][t].get("Q_All") for e in stages], marker="o", label=t)
+        ax.set_title(stages[0]["label"])
+        ax.set_xticks(list(x))
+        ax.set_xlabel("after stage")
+    axes[0][0].set_ylabel("Q_All (%)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def relearn_table(args):
+    """Forget rates before and after a relearning attack (appendix: fine-tuning on retain_train)."""
+    pairs = []
+    for arg in args.pairs:
+        label, _, both = arg.rpartition("=")
+        before, _, after = both.partition(",")
+        if not after:
+            raise data.UserError(f"{arg}: give NAME=BEFORE_EVAL,AFTER_EVAL")
+        pairs.append((label, entry(before), entry(after)))
+    keys = ["Q_D+I", "Q_R", "Q_All", "Retain"]
+    head = ["Method"] + [f"{k} before" for k in keys] + [f"{k} after" for k in keys]
+    lines = header([e for _, b, a in pairs for e in (b, a)], "Relearning")[:3] + [
+        "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, before, after in pairs:
+        lines.append("| " + " | ".join([label or before["label"]] +
+                                       [evaluate.cell(e["metrics"]["average"], k) for e in (before, after) for k in keys]) + " |")
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("table", help="sweeps: one selected run per method, the whole sweep, example answers")
+    t.add_argument("out")
+    t.add_argument("evals", nargs="+", metavar="[NAME=]EVAL_DIR")
+    t.add_argument("--examples", nargs="*", default=["M1-direct", "K5-direct", "K8-direct"],
+                   help="forget labels whose answers the table shows")
+    s = sub.add_parser("stages", help="sequential runs stage by stage (table and PNG), joint runs beside")
+    s.add_argument("out")
+    s.add_argument("sequential", nargs="+", metavar="[NAME=]RUN/eval")
+    s.add_argument("--joint", nargs="*", default=[], metavar="[NAME=]EVAL_DIR")
+    r = sub.add_parser("relearn", help="forget rates before and after relearning")
+    r.add_argument("out")
+    r.add_argument("pairs", nargs="+", metavar="NAME=BEFORE_EVAL,AFTER_EVAL")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    with data.one_line_errors("report.py"):
+        args = parse_args(argv)
+        {"table": sweep_table, "stages": stages_table, "relearn": relearn_table}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
