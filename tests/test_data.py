@@ -13,6 +13,7 @@ import pytest
 import data
 import evaluate
 import losses
+import suite
 from conftest import FIXTURE
 
 TOPIC = "challenger_disaster"
@@ -22,11 +23,11 @@ OFFICIAL = FIXTURE.parent / "official_suite"      # the authors' grammar, with t
 
 def errors_of(root, partial=True, strict=True, **kw):
     """The errors (not warnings) of the fixture topic; our fixture follows our own rules, hence --strict."""
-    return [str(e) for e in data.validate_topic(TOPIC, root, partial=partial, strict=strict, **kw) if not e.warning]
+    return [str(e) for e in suite.validate_topic(TOPIC, root, partial=partial, strict=strict, **kw) if not e.warning]
 
 
 def warnings_of(root, partial=True, **kw):
-    return [str(e) for e in data.validate_topic(TOPIC, root, partial=partial, strict=False, **kw) if e.warning]
+    return [str(e) for e in suite.validate_topic(TOPIC, root, partial=partial, strict=False, **kw) if e.warning]
 
 
 def rewrite(path, fn):
@@ -38,8 +39,8 @@ def rewrite(path, fn):
 
 @pytest.mark.parametrize("topic", RELEASED)
 def test_release_validates(topic):
-    assert [str(e) for e in data.validate_topic(topic)] == []
-    assert [str(e) for e in data.validate_source(topic)] == []
+    assert [str(e) for e in suite.validate_topic(topic)] == []
+    assert [str(e) for e in suite.validate_source(topic)] == []
     data.load_pools()
 
 
@@ -50,7 +51,7 @@ def test_fixture_validates():
 @pytest.mark.parametrize("topic", RELEASED)
 def test_build_is_deterministic_and_matches_committed_files(tmp_path, topic):
     shutil.copytree(data.DEFAULT_ROOT, tmp_path / "suite")
-    data.build_topic(topic, tmp_path / "suite")
+    suite.build_topic(topic, tmp_path / "suite")
     for name in data.FINAL_FILES:
         built = (tmp_path / "suite" / topic / "final" / f"{name}.json").read_text()
         committed = (data.DEFAULT_ROOT / topic / "final" / f"{name}.json").read_text()
@@ -60,7 +61,7 @@ def test_build_is_deterministic_and_matches_committed_files(tmp_path, topic):
 
 
 def test_salem_counts_without_tier0():
-    s = data.release_stats("salem_witch_trials")
+    s = suite.release_stats("salem_witch_trials")
     assert (s["retain_train rows"], s["retain_train Syntax"], s["retain_train Semantic"], s["retain_train GK"],
             s["retain_train Lexical"], s["retain_train Semantic tiers"]) == (425, 75, 250, 50, 50, "1-10 x [25]")
     assert (s["retain_eval rows"], s["retain_eval Syntax"], s["retain_eval Semantic"], s["retain_eval GK"],
@@ -68,7 +69,7 @@ def test_salem_counts_without_tier0():
 
 
 def test_stats_match_the_counts_table():
-    s = data.release_stats(TOPIC)
+    s = suite.release_stats(TOPIC)
     assert (s["forget_train rows"], s["forget_train direct / reverse rows"]) == (450, "375 / 75")
     assert s["forget_train times per question"] == "direct [15], reverse [3]"
     assert (s["retain_train rows"], s["retain_train Syntax"], s["retain_train Semantic"], s["retain_train GK"],
@@ -77,6 +78,13 @@ def test_stats_match_the_counts_table():
             s["retain_eval Lexical"], s["retain_eval Semantic tiers"]) == (650, 100, 400, 100, 50, "0-15 x [25]")
     assert s["forget_eval direct / reverse / indirect"] == "25 / 25 / 25"
     assert (s["forget_eval_rephrasings rows"], s["adversarial rows"]) == (75, 25)
+
+
+def test_format_description_in_the_repo_states_the_validators_counts():
+    """data/SUITE_FORMAT.md's counts table (rows per file) is the one the validator enforces."""
+    text = (data.HERE / "data" / "SUITE_FORMAT.md").read_text()
+    table = dict(re.findall(r"^\| (\w+) \| (\d+) \|", text, flags=re.M))
+    assert {name: int(n) for name, n in table.items()} == suite.FULL_COUNTS
 
 
 def test_stats_side_by_side(capsys):
@@ -96,9 +104,9 @@ def test_stats_side_by_side(capsys):
 
 def test_trigram_jaccard_and_opener_by_hand():
     # "a b c d" has trigrams {abc, bcd}; "a b c e" has {abc, bce}: one shared of three
-    assert data.trigram_jaccard("A b, c d.", "a b c e") == pytest.approx(1 / 3)
-    assert data.opener("I'm trying to recall: ...") == "i m trying"
-    assert data.opener("____ was the commander.") == "____ was the"
+    assert suite.trigram_jaccard("A b, c d.", "a b c e") == pytest.approx(1 / 3)
+    assert suite.opener("I'm trying to recall: ...") == "i m trying"
+    assert suite.opener("____ was the commander.") == "____ was the"
 
 
 def test_pairing_follows_appendix_b2():
@@ -108,7 +116,7 @@ def test_pairing_follows_appendix_b2():
             assert r["label"] == "Syntax-" + f["label"]            # mirrors exactly its partner
         else:
             variant = data.fact_of(f["label"])[2]
-            assert r["label"].endswith("@" + data.retain_format(variant))
+            assert r["label"].endswith("@" + suite.retain_format(variant))
     blocks = [p for p in zip(d["forget_train"], d["retain_train"]) if not p[1]["label"].startswith("Syntax-")]
     for b in range(0, len(blocks), 25):
         types = [data.fact_of(f["label"])[1] for f, _ in blocks[b:b + 25]]
@@ -181,7 +189,7 @@ def test_forget_topic_phrase_in_retain(fixture_root):
     rewrite(final(fixture_root, "retain_eval"),
             lambda rows: rows[3].update(question="After the Challenger disaster, " + rows[3]["question"]))
     assert any("retain_eval.json:4 field 'question'" in e and "challenger disaster" in e
-               for e in errors_of(fixture_root, source_root=data.SOURCE_ROOT))
+               for e in errors_of(fixture_root, source_root=suite.SOURCE_ROOT))
     assert not any("forget-topic phrase" in e for e in errors_of(fixture_root))
 
 
@@ -229,7 +237,7 @@ def test_forbidden_together(fixture_root, tmp_path):
     """An entity may appear in retain rows, but never next to the forget topic's words."""
     source = tmp_path / "source" / TOPIC
     source.mkdir(parents=True)
-    info = json.loads((data.SOURCE_ROOT / TOPIC / "topic.json").read_text())
+    info = json.loads((suite.SOURCE_ROOT / TOPIC / "topic.json").read_text())
     info["forbidden_together"] = {"Gagarin": ["death", "crash", "died", "liver"]}
     (source / "topic.json").write_text(json.dumps(info))
     rows = data.read_jsonl(final(fixture_root, "retain_eval"))
@@ -400,15 +408,15 @@ def test_aliases_belong_to_their_own_row(tmp_path):
     """Two rows with the same answer keep their own aliases in the release and in the queries (the
     answer-string merge once gave every such row the union); a root without aliases gets none."""
     source = tmp_path / "source"
-    shutil.copytree(data.SOURCE_ROOT / TOPIC, source / TOPIC)
-    shutil.copy(data.SOURCE_ROOT / "general_knowledge.jsonl", source)
+    shutil.copytree(suite.SOURCE_ROOT / TOPIC, source / TOPIC)
+    shutil.copy(suite.SOURCE_ROOT / "general_knowledge.jsonl", source)
     path = sorted((source / TOPIC).glob("semantic*.jsonl"))[0]
     rows = [json.loads(l) for l in path.read_text().splitlines()]
     a, b = [r for r in rows if r["split"] == "eval"][:2]
     a.update(answer=b["answer"], aliases=["an alias of row a only"])
     b.update(aliases=[])
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    data.build_topic(TOPIC, tmp_path / "suite", source)
+    suite.build_topic(TOPIC, tmp_path / "suite", source)
     built = {r["question"]: r for r in data.read_jsonl(final(tmp_path / "suite", "retain_eval"))}
     assert built[a["question"]]["aliases"] == ["an alias of row a only"] and "aliases" not in built[b["question"]]
     queries = {q["question"]: q for q in evaluate.build_queries(TOPIC, tmp_path / "suite") if q["set"] == "retain"}
@@ -418,11 +426,11 @@ def test_aliases_belong_to_their_own_row(tmp_path):
 
 
 def test_release_rows_carry_their_source_rows_aliases():
-    forget = {r["label"]: r for r in data.read_source(TOPIC, "forget")}
+    forget = {r["label"]: r for r in suite.read_source(TOPIC, "forget")}
     d = data.load_topic(TOPIC)
     for r in d["forget_train"] + d["forget_eval"] + d["adversarial"]:
         assert r.get("aliases", []) == forget[r["label"].split("@")[0]]["aliases"]
-    retain_source = {r["question"]: r for name in ("semantic", "lexical", "syntax") for r in data.read_source(TOPIC, name)}
-    retain_source.update({r["question"]: r for r in data.read_jsonl(data.SOURCE_ROOT / "general_knowledge.jsonl")})
+    retain_source = {r["question"]: r for name in ("semantic", "lexical", "syntax") for r in suite.read_source(TOPIC, name)}
+    retain_source.update({r["question"]: r for r in data.read_jsonl(suite.SOURCE_ROOT / "general_knowledge.jsonl")})
     for r in d["retain_eval"]:
         assert r.get("aliases", []) == retain_source[r["question"]]["aliases"]
