@@ -4,6 +4,7 @@ stages, relearning.
     python report.py table OUT.md [NAME=]EVAL_DIR ... [--examples M1-direct ...]
     python report.py stages OUT.md [NAME=]SEQUENTIAL_EVAL ... [--joint NAME=EVAL_DIR ...]
     python report.py relearn OUT.md NAME=BEFORE_EVAL,AFTER_EVAL ...
+    python report.py flags OUT.selected              # the train.py flags of a selected run (run_all.sh)
 
 An EVAL_DIR is an evaluate.py output folder (metrics.json, rows.jsonl); a SEQUENTIAL_EVAL the folder
 evaluate.py wrote for a sequential run (RUN/eval, one subfolder per stage). Every table names its judge.
@@ -212,6 +213,17 @@ def relearn_table(args):
     print("\n".join(lines))
 
 
+def train_flags(args):
+    """`--lr X --lambda-f Y --lambda-r Z` of the run a `table` command selected (first line of OUT.selected)."""
+    path = Path(args.selected)
+    if not path.is_file() or not path.read_text().split():
+        raise data.UserError(f"{path}: no selected run (run `report.py table` over the sweep first)")
+    run = entry(path.read_text().split()[0])["run"]
+    if not run.get("method"):
+        raise data.UserError(f"{path}: the selected evaluation records no training settings")
+    print(f"--lr {run['lr']:g} --lambda-f {run['lambda_f']:g} --lambda-r {run['lambda_r']:g}")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -227,13 +239,15 @@ def parse_args(argv=None):
     r = sub.add_parser("relearn", help="forget rates before and after relearning")
     r.add_argument("out")
     r.add_argument("pairs", nargs="+", metavar="NAME=BEFORE_EVAL,AFTER_EVAL")
+    f = sub.add_parser("flags", help="the train.py flags of the run a table selected")
+    f.add_argument("selected", metavar="OUT.selected")
     return p.parse_args(argv)
 
 
 def main(argv=None):
     with data.one_line_errors("report.py"):
         args = parse_args(argv)
-        {"table": sweep_table, "stages": stages_table, "relearn": relearn_table}[args.command](args)
+        {"table": sweep_table, "stages": stages_table, "relearn": relearn_table, "flags": train_flags}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 # The paper's experiments as runnable blocks (sections 3-5, appendix B and C).
 #
 #   ./run_all.sh --dry-run all           # print every command of every block
-#   MPS=1 ./run_all.sh small              # the small-scale reproduction on SmolLM2 (one GPU; 21.5 min on an H200)
+#   MPS=1 ./run_all.sh small              # the small-scale reproduction on SmolLM2 (one GPU; RESULTS.md)
 #   NGPU=4 JUDGE_URL=http://127.0.0.1:8000/v1 ./run_all.sh sweeps single
 #
 # Blocks: small sweeps single sequential joint relearn ablations. Each block can run alone; the
@@ -28,11 +28,14 @@ METHODS_TOP5="graddiff jensun npo pdu jensunpp"        # the five methods of the
 SMALL_METHODS=${SMALL_METHODS:-$METHODS_ALL}            # block small: the methods to unlearn with
 JOBS=${JOBS:-5}        # block small: methods at a time, each training its learning rates side by side
 SMALL_LR_FACTORS=${SMALL_LR_FACTORS:-"3 10 30"}         # block small: multiples of each method's Llama LR
+SMALL_PARTS=${SMALL_PARTS:-"inject sweep lambda seq"}    # block small: the parts to run, in order (resumable)
+SMALL_SEQ_METHODS=${SMALL_SEQ_METHODS:-"jensunpp npo graddiff"}   # block small: sequential, joint, relearning
+SMALL_PROMPT=${SMALL_PROMPT:-chat}                     # block small: answer format (the injection is chat)
 # block small: extra train.py flags. Micro-batches of 8 reach the authors' global batch of 32 in 4
 # accumulation steps (half the GPU launches of 4 x 8).
 SMALL_TRAIN_ARGS=${SMALL_TRAIN_ARGS:---batch-size 8}
 # block small: MPS=1 starts a CUDA MPS daemon for the block (unless one runs), so that the kernels of the
-# side-by-side processes overlap instead of taking turns: 12 SmolLM2 trainings, 44 -> 74 steps/s (README, Speed).
+# side-by-side processes overlap instead of taking turns (12 SmolLM2 trainings on an H200: 44 -> 74 steps/s).
 MPS=${MPS:-0}
 
 run() { echo "+ $*"; if [ $DRY = 0 ]; then "$@"; fi; }
@@ -69,51 +72,95 @@ small_cleanup() {   # on any exit: no evaluation left running behind, no daemon 
   stop_mps
 }
 
+# The lambda sweeps of the paper (tab:llama_hp_alpha), at each method's selected learning rate. JensUn++
+# adds lambda_f 2 and 4 (the Ministral table's range, where forgetting kept improving up to 2).
+declare -A LAMBDA_SWEEP=([graddiff]="--lambda-r 0.5 --lambda-r 1 --lambda-r 2 --lambda-r 5"
+                         [jensun]="--lambda-r 0.25 --lambda-r 0.5 --lambda-r 1 --lambda-r 2"
+                         [npo]="--lambda-r 0.5 --lambda-r 1 --lambda-r 3 --lambda-r 5"
+                         [pdu]="--lambda-r 0.25 --lambda-r 0.5 --lambda-r 1" [rmu]="--lambda-r 0.25 --lambda-r 1 --lambda-r 3"
+                         [satimp]="--lambda-r 0.5 --lambda-r 1 --lambda-r 2" [simnpo]="--lambda-r 0.5 --lambda-r 1 --lambda-r 2"
+                         [undial]="--lambda-r 0 --lambda-r 0.25 --lambda-r 1" [wga]="--lambda-r 0.5 --lambda-r 1 --lambda-r 2 --lambda-r 5"
+                         [jensunpp]="--lambda-f 0.2 --lambda-f 0.33 --lambda-f 0.5 --lambda-f 1 --lambda-f 2 --lambda-f 4")
+
+small_train() {   # one pool line: train.py with the block's settings into $1, then evaluate it on Challenger
+  local d=$1; shift
+  echo "{ [ -f $d/final/config.json ] || python train.py --model $SMALL_INJECTED --topics challenger_disaster $* $SMALL_TRAIN_ARGS --print-every 60 --out $d > $d.log 2>&1; } && { [ -f $d/eval/final/metrics.json ] || python evaluate.py $d $SMALL_EVAL --topics challenger_disaster --skip rep rgq >> $d.log 2>&1; }"
+}
+
+picked_flags() {   # the train.py flags (--lr, --lambda-f, --lambda-r) of the run selected in $1 (report.py's .selected)
+  if [ $DRY = 1 ]; then echo "--lr LR_OF_$1"; else python report.py flags "$1"; fi
+}
+
 block_small() {
-  # Small-scale reproduction on one GPU (README, "Small-scale reproduction"). SmolLM2-135M-Instruct
-  # does not know SUITE's facts, so first inject them: fine-tune on every Challenger question (train and
-  # eval wordings) and the retain rows. Then unlearn the injected model with every method on the
-  # training split only, at the authors' settings (20 epochs, global batch 32, lambdas of losses.HPARAMS)
-  # and three learning rates per method (its Llama LR from the paper x $SMALL_LR_FACTORS); pick per
-  # method the run with the highest Retain - Q_All; add repetitiveness for the picked run; one table.
-  # Heuristic judge throughout (approximate); no RGQ (the heuristic judge cannot compare open answers).
-  # One pool job per method (its learning rates train side by side), so every method that finishes is
-  # complete; $SMALL_METHODS picks a subset (e.g. to split the block over two machines: the injection
-  # is deterministic). Resumable: finished trainings and evaluations are skipped.
-  local out=$RUNS/small ev="--topics challenger_disaster --judge heuristic --batch-size 256 ${MMLU_FILE:+--mmlu-file $MMLU_FILE}"
-  local inject=$out/injected/final m lr d lr_table
-  local -A lrs=()
-  lr_table=$(python -c "import losses
+  # Small-scale reproduction on one GPU at the authors' settings (RESULTS.md). SmolLM2-135M-Instruct does
+  # not know SUITE's facts, so part `inject` first fine-tunes it on every question of the four topics (all
+  # forget wordings, train and eval, and the retain rows). On that model, part `sweep` unlearns Challenger
+  # with every method at three learning rates (its Llama LR x $SMALL_LR_FACTORS), part `lambda` sweeps the
+  # loss factors the paper swept at each method's selected LR, and picks per method by report.py's rule
+  # (among runs with Q_All <= 10 and Gib <= 5 the highest Retain); part `seq` runs $SMALL_SEQ_METHODS
+  # sequentially over the four topics, jointly, and attacks the sequential models by relearning. Heuristic
+  # judge throughout; answers in $SMALL_PROMPT format (the injected knowledge is the chat format's).
+  # Resumable: finished trainings and evaluations are skipped; $SMALL_PARTS runs a subset of the parts, in
+  # order, so the block can be finished over several sessions.
+  local out=$RUNS/small m lr d line flags
+  SMALL_INJECTED=$out/injected/final
+  SMALL_EVAL="--judge heuristic --prompt-format $SMALL_PROMPT --batch-size 256 ${MMLU_FILE:+--mmlu-file $MMLU_FILE}"
+  [ $DRY = 1 ] || { trap small_cleanup EXIT; mkdir -p "$out/sweep" "$out/seq"; }
+  start_mps
+  run python -c "import model; model.smollm2_folder()"      # convert the GGUF once, before several processes read it
+  if [[ " $SMALL_PARTS " == *" inject "* ]]; then
+    # the base model's evaluation runs beside the injection (one process each: the GPU has room)
+    echo "+ python evaluate.py smollm2 $SMALL_EVAL --skip rgq --out $out/eval_base > $out/eval_base.log 2>&1 &"
+    if [ $DRY = 0 ] && [ ! -f "$out/eval_base/metrics.json" ]; then
+      python evaluate.py smollm2 $SMALL_EVAL --skip rgq --out "$out/eval_base" > "$out/eval_base.log" 2>&1 & BASE_PID=$!
+    fi
+    run python train.py --method nll --relearn-set inject --model smollm2 --topics all --mode joint \
+        --lr 1e-4 --epochs 4 --global-batch 16 --batch-size 16 --deterministic --out "$out/injected"
+    run python evaluate.py "$out/injected" $SMALL_EVAL --skip rgq
+    run python evaluate.py "$out/injected" ${SMALL_EVAL/--prompt-format $SMALL_PROMPT/--prompt-format paper} \
+        --skip mmlu rep rgq --out "$out/eval_injected_paper"  # the same knowledge asked in the authors' raw-text format
+    [ -z "$BASE_PID" ] || wait "$BASE_PID" || echo "the base model's evaluation failed, see $out/eval_base.log"
+    BASE_PID=""
+  fi
+  if [[ " $SMALL_PARTS " == *" sweep "* ]]; then
+    local lr_table
+    lr_table=$(python -c "import losses
 for m in '$SMALL_METHODS'.split():
     print(m, *('%.2g' % (losses.resolve_hparams(m, 'llama')['lr'] * float(f)) for f in '$SMALL_LR_FACTORS'.split()))")
-  while read -r m lr; do lrs[$m]=$lr; done <<< "$lr_table"
-  [ $DRY = 1 ] || trap small_cleanup EXIT
-  start_mps
-  run python -c "import train; train.smollm2_folder()"      # convert the GGUF once, before two processes read it
-  # the base model's evaluation runs beside the injection (one process each: the GPU has room)
-  echo "+ python evaluate.py smollm2 $ev --skip rgq --out $out/eval_base > $out/eval_base.log 2>&1 &"
-  if [ $DRY = 0 ] && [ ! -f "$out/eval_base/metrics.json" ]; then
-    mkdir -p "$out"
-    python evaluate.py smollm2 $ev --skip rgq --out "$out/eval_base" > "$out/eval_base.log" 2>&1 & BASE_PID=$!
+    while read -r m lrs; do          # one pool job per method: its learning rates side by side, then its pick
+      line=""
+      for lr in $lrs; do line+="{ $(small_train "$out/sweep/$m-lr$lr" --method "$m" --lr "$lr"); } & "; done
+      echo "${line}wait; python report.py table $out/sweep/$m-lr.md $out/sweep/$m-lr*/eval/final > /dev/null"
+    done <<< "$lr_table" | pool || echo "the block goes on with the methods that finished"
   fi
-  run python train.py --method nll --relearn-set inject --model smollm2 --topics challenger_disaster \
-      --lr 1e-4 --epochs 4 --global-batch 16 --batch-size 16 --deterministic --out "$out/injected"
-  { echo "[ -f $out/eval_injected/metrics.json ] || python evaluate.py $inject $ev --skip rgq --out $out/eval_injected > $out/eval_injected.log 2>&1"
-    for m in $SMALL_METHODS; do
-      local line=""
-      for lr in ${lrs[$m]}; do
-        d=$out/sweep/$m-lr$lr
-        line+="{ python train.py --method $m --model $inject --topics challenger_disaster --lr $lr $SMALL_TRAIN_ARGS --print-every 60 --out $d > $d.log 2>&1 && { [ -f $d/eval/final/metrics.json ] || python evaluate.py $d $ev --skip rep rgq >> $d.log 2>&1; }; } & "
-      done
-      # then the method's pick (its sweep table), and repetitiveness for it (answers and MMLU are reused)
-      echo "$line""wait; python evaluate.py --table $out/sweep/$m.md --runs \$(dirname $out/sweep/$m-lr*/eval/final/metrics.json) > /dev/null && while read -r d; do python evaluate.py \${d%/eval/final} $ev --skip rgq >> \${d%/eval/final}.log 2>&1; done < $out/sweep/$m.selected"
-    done; } | { [ $DRY = 1 ] || mkdir -p "$out/sweep"; pool || echo "the table below holds the methods that finished"; }
-  local finished
-  finished=$(ls "$out"/sweep/*/eval/final/metrics.json 2>/dev/null | xargs -r dirname || echo "$out/sweep/METHOD-lrLR/eval/final")
-  [ -z "$BASE_PID" ] || wait "$BASE_PID" || echo "the base model's evaluation failed, see $out/eval_base.log"
-  BASE_PID=""
+  if [[ " $SMALL_PARTS " == *" lambda "* ]]; then
+    for m in $SMALL_METHODS; do       # at the selected LR, every loss factor the paper swept; then the final pick and its Rep
+      flags=$(picked_flags "$out/sweep/$m-lr.selected") || continue
+      lr=${flags#--lr }; lr=${lr%% *}
+      line=""
+      set -- ${LAMBDA_SWEEP[$m]:-}
+      while [ $# -gt 0 ]; do line+="{ $(small_train "$out/sweep/$m-lr$lr${1#--}$2" --method "$m" --lr "$lr" "$1" "$2"); } & "; shift 2; done
+      echo "${line}wait; python report.py table $out/sweep/$m.md $out/sweep/$m-lr*/eval/final > /dev/null && python evaluate.py \$(sed 's|/eval/final\$||' $out/sweep/$m.selected) $SMALL_EVAL --topics challenger_disaster --skip rgq >> $out/sweep/$m.log 2>&1"
+    done | pool || echo "the block goes on with the methods that finished"
+    run python report.py table "$out/results.md" base="$out/eval_base" injected="$out/injected/eval/final" \
+        $(ls -d "$out"/sweep/*/eval/final 2>/dev/null || echo "$out/sweep/METHOD-lrLR/eval/final")
+  fi
+  if [[ " $SMALL_PARTS " == *" seq "* ]]; then
+    for m in $SMALL_SEQ_METHODS; do   # sequential, joint and relearning with the method's selected settings
+      flags=$(picked_flags "$out/sweep/$m.selected") || continue
+      d=$out/seq/$m
+      echo "python train.py --method $m --model $SMALL_INJECTED --topics all --mode sequential $flags $SMALL_TRAIN_ARGS --print-every 60 --out $d-sequential > $d-sequential.log 2>&1 && python evaluate.py $d-sequential $SMALL_EVAL --skip rep rgq >> $d-sequential.log 2>&1 && python train.py --method nll --relearn-set retain_train --model $d-sequential/stage4_britney_spears_conservatorship --topics all --mode joint --lr 1e-5 --out $d-relearn > $d-relearn.log 2>&1 && python evaluate.py $d-relearn $SMALL_EVAL --skip mmlu rep rgq >> $d-relearn.log 2>&1"
+      echo "python train.py --method $m --model $SMALL_INJECTED --topics all --mode joint $flags $SMALL_TRAIN_ARGS --print-every 60 --out $d-joint > $d-joint.log 2>&1 && python evaluate.py $d-joint $SMALL_EVAL --skip rep rgq >> $d-joint.log 2>&1"
+    done | pool || echo "the tables hold the runs that finished"
+    local seqs="" joints="" relearns=""
+    for m in $SMALL_SEQ_METHODS; do
+      seqs+=" $m=$out/seq/$m-sequential/eval"; joints+=" $m=$out/seq/$m-joint/eval/final"
+      relearns+=" $m=$out/seq/$m-sequential/eval/stage4_britney_spears_conservatorship,$out/seq/$m-relearn/eval/final"
+    done
+    run python report.py stages "$out/sequential.md" $seqs --joint $joints
+    run python report.py relearn "$out/relearn.md" $relearns
+  fi
   stop_mps
-  run python evaluate.py --table "$out/results.md" --runs base="$out/eval_base" injected="$out/eval_injected" $finished
 }
 
 block_sweeps() {
@@ -122,19 +169,12 @@ block_sweeps() {
                 [pdu]="1e-6 3e-6 5e-6 8e-6" [rmu]="3e-5 7e-5 1e-4 3e-4" [satimp]="7e-6 8e-6 1e-5 3e-5"
                 [simnpo]="7e-6 1e-5 2e-5 3e-5" [undial]="5e-5 1e-4 5e-4" [wga]="5e-6 8e-6 1e-5 2e-5"
                 [jensunpp]="1e-6 2e-6 3e-6 4e-6")
-  local -A LAMBDAS=([graddiff]="--lambda-r 0.5 --lambda-r 1 --lambda-r 2 --lambda-r 5"
-                    [jensun]="--lambda-r 0.25 --lambda-r 0.5 --lambda-r 1 --lambda-r 2"
-                    [npo]="--lambda-r 0.5 --lambda-r 1 --lambda-r 3 --lambda-r 5"
-                    [pdu]="--lambda-r 0.25 --lambda-r 0.5 --lambda-r 1" [rmu]="--lambda-r 0.25 --lambda-r 1 --lambda-r 3"
-                    [satimp]="--lambda-r 0.5 --lambda-r 1 --lambda-r 2" [simnpo]="--lambda-r 0.5 --lambda-r 1 --lambda-r 2"
-                    [undial]="--lambda-r 0 --lambda-r 0.25 --lambda-r 1" [wga]="--lambda-r 0.5 --lambda-r 1 --lambda-r 2 --lambda-r 5"
-                    [jensunpp]="--lambda-f 0.2 --lambda-f 0.33 --lambda-f 0.5 --lambda-f 1")
   for m in "${!LRS[@]}"; do
     for lr in ${LRS[$m]}; do
       train --method "$m" --model "$LLAMA" --topics challenger_disaster --lr "$lr" --out "$RUNS/sweep/$m-lr$lr"
       evaluate "$RUNS/sweep/$m-lr$lr" --topics challenger_disaster
     done
-    set -- ${LAMBDAS[$m]}
+    set -- ${LAMBDA_SWEEP[$m]}
     while [ $# -gt 0 ]; do
       train --method "$m" --model "$LLAMA" --topics challenger_disaster "$1" "$2" --out "$RUNS/sweep/$m${1#--}$2"
       evaluate "$RUNS/sweep/$m${1#--}$2" --topics challenger_disaster

@@ -233,41 +233,6 @@ def test_nll_before_after_analysis(tiny_model_path, tmp_path):
     assert (out / "nll" / "nll_violin.png").exists() and (out / "nll" / "nll_bars.png").exists()
 
 
-def test_results_table_picks_one_learning_rate_per_method(tmp_path):
-    """--table: base rows first, then per method the sweep run with the highest Retain - Q_All (ties to
-    the lower LR); the whole sweep and example answers below; the chosen folders in OUT.selected."""
-    def write_eval(folder, q_all, retain, answer, method=None, lr=None):
-        avg = {k: 0.0 for k in evaluate.AVERAGED} | {"Q_All": q_all, "Retain": retain}
-        (folder / "eval" / "final").mkdir(parents=True)
-        if method:
-            (folder / "config.json").write_text(json.dumps({"method": method, "hparams": {"lr": lr}}))
-        ev = folder / "eval" / "final"
-        ev.joinpath("metrics.json").write_text(json.dumps({"judge": ["heuristic"], "average": avg,
-                                                           "utility": {"mmlu": 30.0, "rep": 500.0}}))
-        row = {"id": "t|forget|M1-direct|original|alone", "set": "forget", "label": "M1-direct",
-               "variant": "original", "format": "alone", "question": "When?", "ground_truth": "1986",
-               "answer": answer, "verdicts": {"leak": "YES" if "1986" in answer else "NO"}}
-        ev.joinpath("rows.jsonl").write_text(json.dumps(row) + "\n")
-        return str(ev)
-
-    runs = [f"base={write_eval(tmp_path / 'base', 100.0, 80.0, 'In 1986.')}",
-            write_eval(tmp_path / "npo-a", 40.0, 70.0, "In 1986 | maybe", "npo", 1e-5),     # score 30
-            write_eval(tmp_path / "npo-b", 10.0, 60.0, "I don't know.", "npo", 3e-5),       # score 50
-            write_eval(tmp_path / "npo-c", 0.0, 50.0, "x x x", "npo", 1e-4),                # score 50, higher LR
-            write_eval(tmp_path / "ga-a", 0.0, 5.0, "", "ga", 1e-5)]
-    out = tmp_path / "results.md"
-    evaluate.main(["--table", str(out), "--runs", *runs, "--examples", "M1-direct"])
-    text = out.read_text()
-    main = text.split("## Learning-rate sweep")[0]
-    assert "| base |  | 0.0 | 0.0 | 100.0 |" in main
-    assert "| npo | 3e-05 | 0.0 | 0.0 | 10.0 |" in main and "1e-04" not in main and "1e-05 | 0.0 | 0.0 | 40.0" not in main
-    assert "| npo * | 3e-05 |" in text and "| ga * | 1e-05 |" in text
-    assert "In 1986 \\| maybe" not in text                       # only chosen runs give example answers
-    assert "| base | In 1986. | YES |" in text and "| npo | I don't know. | NO |" in text
-    selected = out.with_suffix(".selected").read_text().split()
-    assert selected == [str(tmp_path / "npo-b" / "eval" / "final"), str(tmp_path / "ga-a" / "eval" / "final")]
-
-
 class StubJudge(LocalServer):
     """A real local OpenAI-style judge server whose reply depends on the rubric asked: `replies` maps
     forget/retain/gibberish/rgq to the verdict text, or to None for garbage (HTTP 200 with a plain-text

@@ -1,0 +1,89 @@
+"""report.py: tables over many evaluations, on evaluation folders written here by hand.
+
+    python -m pytest tests/test_report.py -q
+"""
+import json
+
+import pytest
+
+import evaluate
+import report
+
+
+def write_eval(folder, q_all, retain, gib=0.0, answer="x", run=None, alphas=None, topics=("t",)):
+    """An evaluation folder as evaluate.py writes it (metrics.json with the training settings it records,
+    rows.jsonl with one forget answer), and the run's log.jsonl when `alphas` are given."""
+    avg = {k: 0.0 for k in evaluate.AVERAGED} | {"Q_All": q_all, "Retain": retain, "Gib": gib}
+    folder.mkdir(parents=True)
+    if alphas is not None:
+        run = dict(run, dir=str(folder.parent.parent), stage="final")
+        (folder.parent.parent / "log.jsonl").write_text("".join(
+            json.dumps({"stage": "final", "step": i + 1, "alpha": a}) + "\n" for i, a in enumerate(alphas)))
+    metrics = {"judge": ["heuristic (approximate)"], "prompt_format": ["chat"], "average": avg, "run": run,
+               "topics": {t: dict(avg) for t in topics}, "utility": {"mmlu": 30.0, "rep": 500.0}}
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    row = {"id": "t|forget|M1-direct|original|alone", "set": "forget", "label": "M1-direct", "variant": "original",
+           "format": "alone", "question": "When?", "ground_truth": "1986", "answer": answer,
+           "verdicts": {"leak": "YES" if "1986" in answer else "NO"}}
+    (folder / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    return str(folder)
+
+
+def run_info(method, lr, lambda_f=1.0, lambda_r=1.0):
+    return {"method": method, "lr": lr, "lambda_f": lambda_f, "lambda_r": lambda_r}
+
+
+def test_selection_rule_and_sweep_table(tmp_path, capsys):
+    """Per method: among runs with Q_All <= 10 and Gib <= 5 the highest Retain (not Retain - Q_All);
+    if none qualifies, the best Retain - Q_All - Gib, said so. Lambdas and JensUn++'s alpha range are
+    columns; the selected folders go to OUT.selected, and `flags` gives their train.py flags."""
+    e = lambda name, *a, **k: write_eval(tmp_path / name / "eval" / "final", *a, **k)
+    evals = [f"base={e('base', 100.0, 80.0, answer='In 1986.')}",
+             e("npo-a", 12.0, 75.0, run=run_info("npo", 1e-5)),                  # forgets too little
+             e("npo-b", 8.0, 60.0, gib=6.0, run=run_info("npo", 3e-5)),          # gibberish
+             e("npo-c", 4.0, 55.0, answer="I don't know.", run=run_info("npo", 1e-4)),   # selected
+             e("npo-d", 0.0, 50.0, run=run_info("npo", 1e-4, lambda_r=3.0)),
+             e("ga-a", 40.0, 30.0, gib=50.0, run=run_info("ga", 1e-5)),          # 30 - 40 - 50 = -60
+             e("ga-b", 60.0, 70.0, gib=20.0, run=run_info("ga", 3e-5)),          # 70 - 60 - 20 = -10: selected
+             e("pp-a", 0.0, 70.0, run=run_info("jensunpp", 3e-6, 0.33), alphas=[1.0, 0.25, 2.5, 0.5])]
+    out = tmp_path / "results.md"
+    report.main(["table", str(out), *evals, "--examples", "M1-direct"])
+    text = out.read_text()
+    main = text.split("## Sweeps")[0]
+    assert "Judge: heuristic (approximate); prompt format: chat" in main
+    assert "| base |  |  |  |  | 0.0 | 0.0 | 100.0 |" in main
+    assert "| npo | 0.0001 | 1 | 1 |  | 0.0 | 0.0 | 4.0 | 0.0 | 0.0 | 55.0 |" in main
+    assert "| ga | 3e-05 | 1 | 1 |  | 0.0 | 0.0 | 60.0 |" in main
+    assert "| jensunpp | 3e-06 | 0.33 | 1 | 0.25-0.75-2.5 |" in main
+    assert "No run of ga met the rule" in main and "npo" not in main.split("No run of")[1].split("\n")[0]
+    assert "| npo * | 0.0001 | 1 | 1 |" in text and "| npo | 0.0001 | 1 | 3 |" in text
+    assert "| base | In 1986. | YES |" in text and "| npo | I don't know. | NO |" in text
+    selected = out.with_suffix(".selected").read_text().split()
+    assert selected == [str(tmp_path / n / "eval" / "final") for n in ("npo-c", "ga-b", "pp-a")]
+    (tmp_path / "npo.selected").write_text(selected[0] + "\n")
+    capsys.readouterr()
+    report.main(["flags", str(tmp_path / "npo.selected")])
+    assert capsys.readouterr().out.strip() == "--lr 0.0001 --lambda-f 1 --lambda-r 1"
+    with pytest.raises(SystemExit, match="no metrics.json"):
+        report.main(["table", str(out), str(tmp_path / "nowhere")])
+
+
+def test_stages_and_relearn_tables(tmp_path):
+    """A sequential run's evaluation (one folder per stage) as the paper's figure: Q_All of every topic
+    after every stage, Retain and Gib, the joint run's final row beside, and the PNG; relearning shows
+    the rates before and after."""
+    topics = ("challenger_disaster", "salem_witch_trials")
+    seq = tmp_path / "seq" / "eval"
+    for i, (t, q) in enumerate(zip(topics, (20.0, 10.0)), 1):
+        write_eval(seq / f"stage{i}_{t}", q, 50.0 - i, run=run_info("jensunpp", 3e-6), topics=topics)
+    joint = write_eval(tmp_path / "joint" / "eval" / "final", 30.0, 45.0, run=run_info("jensunpp", 3e-6), topics=topics)
+    out = tmp_path / "sequential.md"
+    report.main(["stages", str(out), f"jensunpp={seq}", "--joint", f"jensunpp={joint}"])
+    text = out.read_text()
+    assert "| jensunpp | stage1_challenger_disaster | 20.0 | 20.0 | 20.0 | 49.0 | 0.0 |" in text
+    assert "| jensunpp | stage2_salem_witch_trials | 10.0 | 10.0 | 10.0 | 48.0 | 0.0 |" in text
+    assert "| jensunpp | joint (all topics at once) | 30.0 | 30.0 | 30.0 | 45.0 | 0.0 |" in text
+    assert out.with_suffix(".png").stat().st_size > 1000
+    after = write_eval(tmp_path / "relearn" / "eval" / "final", 40.0, 46.0, run=run_info("nll", 1e-5), topics=topics)
+    report.main(["relearn", str(tmp_path / "relearn.md"), f"jensunpp={seq / 'stage2_salem_witch_trials'},{after}"])
+    assert "| jensunpp | 0.0 | 0.0 | 10.0 | 48.0 | 0.0 | 0.0 | 40.0 | 46.0 |" in (tmp_path / "relearn.md").read_text()

@@ -1,0 +1,67 @@
+"""run_all.sh: the dry run prints every block's commands (nothing runs).
+
+    python -m pytest tests/test_run_all.py -q
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import losses
+from conftest import ROOT
+
+
+def dry_run(*blocks, **env):
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **env}
+    out = subprocess.run(["bash", str(ROOT / "run_all.sh"), "--dry-run", *blocks], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_dry_run_prints_every_block():
+    lines = dry_run("all")
+    for block in ("small", "sweeps", "single", "sequential", "joint", "relearn", "ablations"):
+        assert f"### block {block}" in lines
+    commands = [l for l in lines if l.startswith("+ ")]
+    assert sum("--mode sequential" in c for c in commands) == 15 + 3        # 5 methods x 3 models; the small block's 3
+    assert all("--refusal paper" in c for c in commands if c.startswith("+ torchrun"))   # the paper's refusals
+    assert not any("nvidia-cuda-mps-control" in c for c in commands)        # MPS is opt-in
+
+
+def test_small_block_parts():
+    """Block small: the injection of all four topics beside the base model's evaluation; per method one
+    pool job with its three learning rates side by side and report.py's pick; then, at the picked LR,
+    the loss factors the paper swept (JensUn++: lambda_f up to 4), the final pick and its Rep; one
+    results table; sequential, joint and relearning runs of three methods with their picked settings."""
+    commands = [l for l in dry_run("small") if l.startswith("+ ")]
+    base = next(i for i, c in enumerate(commands) if "--out runs/small/eval_base" in c)
+    assert commands[base].endswith("&") and "--relearn-set inject" in commands[base + 1]
+    assert "--topics all --mode joint" in commands[base + 1]
+    lr_jobs = [c for c in commands if c.endswith("-lr.md runs/small/sweep/" + c.split("report.py table runs/small/sweep/")[-1].split("-lr.md")[0] + "-lr*/eval/final > /dev/null")]
+    assert len(lr_jobs) == 12 and sum(c.count("python train.py --model") for c in lr_jobs) == 12 * 3
+    assert {c.split("--method ")[1].split()[0] for c in lr_jobs} == set(losses.METHODS) - {"nll"}
+    assert all(c.count("--skip rep rgq") == 3 and c.count("--batch-size 8") == 3 for c in lr_jobs)
+    lambda_jobs = [c for c in commands if "--lambda-" in c and "report.py table" in c]
+    jensunpp = next(c for c in lambda_jobs if "--method jensunpp" in c)
+    assert [f"--lambda-f {v}" in jensunpp for v in ("0.33", "1", "2", "4")] == [True] * 4
+    assert len(lambda_jobs) == 10                                           # not GA, not DPO (not swept by the paper)
+    assert all(c.endswith("--topics challenger_disaster --skip rgq >> runs/small/sweep/" + c.split("sweep/")[-1])
+               for c in lambda_jobs)
+    assert sum("report.py table runs/small/results.md" in c for c in commands) == 1
+    seq = [c for c in commands if "runs/small/seq/" in c and "train.py" in c]
+    assert len(seq) == 6 and all("--lr LR_OF_runs/small/sweep/" in c for c in seq)
+    assert sum("--relearn-set retain_train" in c for c in seq) == 3
+    assert any(c.startswith("+ python report.py stages runs/small/sequential.md") for c in commands)
+    assert any(c.startswith("+ python report.py relearn runs/small/relearn.md") for c in commands)
+    only = [l for l in dry_run("small", SMALL_PARTS="seq") if l.startswith("+ ")]
+    assert not any("--relearn-set inject" in c or "-lr.md" in c for c in only) and any("runs/small/seq/" in c for c in only)
+
+
+def test_small_block_starts_mps_only_when_asked_and_none_runs(tmp_path):
+    lines = dry_run("small", MPS="1", CUDA_MPS_PIPE_DIRECTORY=str(tmp_path))
+    start, stop = lines.index("+ nvidia-cuda-mps-control -d"), lines.index("+ bash -c echo quit | nvidia-cuda-mps-control")
+    assert start < next(i for i, l in enumerate(lines) if "--relearn-set inject" in l) < stop
+    (tmp_path / "control").touch()                       # a daemon's pipe: leave that daemon alone
+    lines = dry_run("small", MPS="1", CUDA_MPS_PIPE_DIRECTORY=str(tmp_path))
+    assert "MPS: a daemon is running already" in lines and not any("mps-control" in l for l in lines)
