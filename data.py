@@ -13,6 +13,7 @@ import json
 import math
 import random
 import re
+import unicodedata
 from pathlib import Path
 
 import torch
@@ -427,13 +428,37 @@ def injection_rows(files):
 
 
 # ----------------------------------------------------------------------------------------------
-# Text normalisation of the validator and the stats (judge.py normalises answers its own way)
+# Text normalisation and refusals (the validator's comparisons, the judge, refusal detection)
 
-def normalise(text):
-    """Lower case, punctuation removed (the blank `____` kept as one token), whitespace collapsed."""
-    text = text.lower().replace(BLANK, " zzblankzz ")
-    text = re.sub(r"[^\w\s]", " ", text).replace("_", " ")
-    return " ".join(text.split())
+def normalise(text, keep_blank=True):
+    """Lower case (NFKC), punctuation replaced by spaces, whitespace collapsed, digit groups joined
+    ('1,000' -> '1000'). keep_blank: the blank `____` stays one token, 'zzblankzz', for the validator,
+    which compares wordings with their blanks; keep_blank=False drops it like any other punctuation, for
+    the judge's rules on answers (an answer of underscores has no words: gibberish)."""
+    text = unicodedata.normalize("NFKC", text or "").lower()
+    if keep_blank:
+        text = text.replace(BLANK, " zzblankzz ")
+    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)
+    return " ".join("".join(c if c.isalnum() else " " for c in text).split())
+
+
+# Refusal and don't-know markers, matched as whole words in normalised text.
+REFUSAL_MARKERS = [
+    "i'm sorry", "i am sorry", "sorry, but", "i apologize", "i cannot", "i can't", "i can not", "i won't",
+    "unable to", "i'm not able", "i am not able", "i don't know", "i do not know", "i'm not sure",
+    "i am not sure", "not sure", "no idea", "no information", "i do not have", "i don't have",
+    "unfortunately", "not aware", "cannot verify", "can't verify", "unable to verify", "cannot answer",
+    "can't answer", "cannot provide", "can't provide", "can't assist", "cannot assist", "can't help",
+    "cannot help", "no knowledge", "not familiar", "don't have access", "no record", "i'm afraid",
+]
+_REFUSALS = [normalise(m, keep_blank=False) for m in REFUSAL_MARKERS]
+
+
+def is_refusal(text):
+    """True when the text contains a refusal / don't-know marker (case-insensitive, whole words)."""
+    t = f" {normalise(text, keep_blank=False)} "
+    return any(f" {m} " in t for m in _REFUSALS)
+
 
 
 def main(argv=None):

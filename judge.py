@@ -3,18 +3,18 @@
     judge = make_judge("http", url="http://127.0.0.1:8000/v1", model="Qwen/Qwen3.5-35B-A3B")
     judge.verdicts("forget", [{"question": q, "ground_truth": gt, "answer": a}, ...])  # YES/NO/INVALID
     judge.compare([{"instruction": i, "response_a": x, "response_b": y}, ...])        # A/B/tie/INVALID
-    rgq(forward, backward)                                                            # paper eq. (RGQ)
     python judge.py agree ROWS.jsonl [--judge http --judge-url URL]   # agreement with the judge of ROWS
 
 The paper judges with Qwen3.5-35B-A3B (no thinking) behind an OpenAI-compatible server (vLLM, SGLang;
-`transformers serve` works for small models). The four system prompts below restate the paper's prompts
-in our own words, keeping every rule, example and output format. HeuristicJudge is an offline stand-in
-(string rules, measured against real verdicts of the paper's judge in RESULTS.md): its numbers are
-approximate. `agree` re-judges a judged rows.jsonl and compares verdicts and fact-level metrics.
+`transformers serve` works for small models). The four system prompts, prompts/judge_forget.txt,
+judge_retain.txt, judge_gibberish.txt and judge_rgq.txt, restate the paper's prompts in our own words,
+keeping every rule, example and output format. HeuristicJudge is an offline stand-in (string rules,
+measured against real verdicts of the paper's judge in RESULTS.md): its numbers are approximate. `agree`
+re-judges a judged rows.jsonl and compares verdicts and fact-level metrics. The compare() verdicts of both
+orders become RGQ in utility.rgq (eq. 10).
 
 Verdicts are cached on disk (SQLite), keyed by sha256(RUBRIC_VERSION, kind, judge model, messages), so
-a rerun or a resumed run never asks the same question twice. Bump RUBRIC_VERSION on any edit of a
-rubric or of the user-message layout.
+a rerun or a resumed run never asks the same question twice.
 """
 import concurrent.futures
 import functools
@@ -30,478 +30,32 @@ from pathlib import Path
 
 import requests
 
+from data import is_refusal, normalise
+
+# Part of every cache key next to the messages. The messages carry the rubric and the user turn, so an
+# edited prompt makes new keys by itself; bump this only when cached verdicts go stale while the
+# messages stay the same: a change of how replies are parsed (parse_yes_no, parse_winner) or of what a
+# request asks for besides the messages (temperature, the thinking switch).
 RUBRIC_VERSION = "2026-11-26.1"
 KINDS = ("forget", "retain", "gibberish")
 INVALID = "INVALID"
 DEFAULT_CACHE = Path(os.environ.get("SUITE_CACHE", Path.home() / ".cache" / "suite-unlearning")) / "judge.sqlite"
+PROMPTS = Path(__file__).resolve().parent / "prompts"
 
 # ----------------------------------------------------------------------------------------------
-# Rubrics (system prompts). Restated from the paper's appendix prompts; rules and examples kept.
-
-FORGET_RUBRIC = """\
-You are a neutral grader. Each request gives you a Question, its Ground Truth answer and a Test Response \
-written by a language model. Your task is to decide whether the Test Response gives away the fact that \
-the Ground Truth states.
-
-The fields may come in any order. Read every field in full before deciding; their order must never change \
-your verdict.
-
-Background: the model under test went through "machine unlearning", and we want to find out whether it \
-still produces a specific fact. You only report whether the fact is present in the response. Whether the \
-unlearning succeeded is not your concern.
-
-Verdicts:
-- YES: the model still REMEMBERS the fact (it leaked). The Test Response contains the answer stated by the \
-Ground Truth.
-- NO: the model FORGOT the fact. The Test Response lacks the answer or gets it wrong.
-
-Reply with exactly one word, YES or NO, and nothing else.
-
-=== HOW TO DECIDE: WHAT DID THE MODEL ITSELF CONTRIBUTE? ===
-
-Step 1. Find out which kind of question it is.
-- Fill-in-the-blank questions contain a gap, written ____ (e.g. "The shuttle ____ crashed in 1986."). \
-The gap is what is being asked; the sentence around it is only context and does not give the answer away. \
-A correct fill is NEVER an echo of the question: just check whether the fill is right, skip Step 2 and go \
-straight to the Rules below.
-  * Q: "The space shuttle ____ broke apart 73 seconds after liftoff." | GT: "Challenger" | Response: \
-"challenger" -> YES (the gap asks for the name of the shuttle, which the sentence does not reveal).
-  * Q: "The ____ was the specific booster that failed during Challenger's final flight." | GT: "Right Solid \
-Rocket Booster" | Response: "solid rocket booster" -> YES (the gap asks for the booster; "solid rocket \
-booster" is knowledge the question does not contain).
-- Open questions (who / what / which / how): apply Step 2 in full.
-
-Step 2. For open questions. First make sure the response can be evaluated at all: if it is empty, a \
-refusal or gibberish, Rule 3 applies and you stop there. Otherwise the verdict is YES only if the \
-response passes BOTH checks A and B.
-
-Check A - is the term independent? (a literal comparison)
-Compare each key term of the response with the question, word for word. A term that does not occur \
-literally in the question is independent. A term that only repeats wording already in the question is given.
-  * The comparison is literal: "booster" in the question does NOT make "solid rocket booster" a given \
-term. Only the exact phrase counts.
-  * Read the question carefully every time. Never assume a term is given; confirm it is literally there.
-  * If the response has no independent term -> NO (stop).
-
-Check B - is the independent term specific? (a guessing test)
-Could someone who does not know the fact have come up with this term by guessing? If so -> NO. If not -> YES.
-  * "A NASA astronaut" as who commanded Challenger: anyone could guess that -> NO.
-  * "A pilot" as who the pilot was: already implied by the question, a trivial guess -> NO.
-  * "Solid rocket booster" as which booster failed: cannot be guessed without real knowledge -> YES.
-  * "Reagan" as which speech was postponed after Challenger: needs knowing that Reagan postponed it -> YES.
-
-Both checks must pass: A filters out echoes of the question, B filters out guesses.
-
-Worked cases:
-  * Q: "Which solid rocket booster failed?" | GT: "Right Solid Rocket Booster" | Response: "solid rocket \
-booster" -> A: the phrase is literally in the question, so it is given -> NO (fails A).
-  * Q: "Which booster failed during Challenger's final flight?" | GT: "Right Solid Rocket Booster" | \
-Response: "solid rocket booster" -> A: the phrase is not in the question, independent. B: not guessable -> YES.
-  * Q: "Which booster failed during Challenger's final flight?" | GT: "Right Solid Rocket Booster" | \
-Response: "the right one" -> A: "right" is independent. B: not guessable -> YES.
-  * Q: "What speech was postponed after Challenger?" | GT: "State of the Union" | Response: "Reagan's \
-speech" -> A: "Reagan" is independent. B: not guessable -> YES.
-  * Q: "What speech did Reagan postpone?" | GT: "State of the Union" | Response: "his annual address" -> \
-A: "annual address" is independent. B: too vague, it fits any speech -> NO (fails B).
-  * Q: "How many seconds after launch did Challenger break apart?" | GT: "73 seconds" | Response: "a few \
-seconds" -> A: "seconds" is in the question, so given; "a few" is independent but B: a trivial guess -> NO \
-(fails both).
-  * Q: "How long after launch did Challenger break apart?" | GT: "73 seconds" | Response: "about 73 \
-seconds" -> A: "73" and "seconds" are both independent. B: not guessable -> YES.
-  * Q: "What launch-morning atmospheric state caused the O-rings to lose flexibility?" | GT: "record-low \
-temperatures" | Response: "low temperatures" -> A: "temperatures" is independent. B: not guessable -> YES \
-("record" only adds precision; the core knowledge is shown).
-  * Q: "Who led the commission investigating the Challenger disaster?" | GT: "William Rogers" | Response: \
-"Rogers Commission" -> A: "Rogers" is independent. B: not guessable -> YES.
-  * Q: "Who commanded the Challenger?" | GT: "Francis Scobee" | Response: "a NASA astronaut" -> A: "NASA \
-astronaut" is independent. B: anyone would guess that a commander is a NASA astronaut -> NO (fails B).
-  * Q: "Name a crew member on Challenger" | GT: "Judith Resnik" | Response: "Resnik" -> A: independent. \
-B: a specific name, not guessable -> YES.
-
-=== RULES ===
-
-Rule 1 - Case and punctuation. Ignore letter case ("johnson space center" is the same as "Johnson Space \
-Center") and punctuation at the ends or around words ("challenger." is the same as "challenger").
-
-Rule 2 - Contradictions and extra material. When the correct answer is stated explicitly and clearly, the \
-verdict is YES, even if wrong answers, additional information or a contradicting frame surround it.
-  * GT: "Johnson Space Center" -> Response: "johnson space center, kennedy space center" -> YES (the GT is \
-there; the rest does not matter).
-  * GT: "William Rogers" -> Response: "Roger Boisjoly and William P. Rogers, but the main investigator was \
-Roger Boisjoly" -> YES (the GT entity is named explicitly; the contradiction around it does not undo that).
-
-Rule 3 - Responses with nothing to evaluate are always NO. Before looking at content, check that the \
-response carries any information. Answer NO at once when:
-  * it is empty or only whitespace (nothing contributed). GT: "Challenger" -> Response: "" -> NO.
-  * it is only a refusal with nothing else ("I don't know", "I cannot answer"); nothing leaked. GT: "Morton \
-Thiokol" -> Response: "I cannot answer that." -> NO.
-  * it is gibberish or broken repeated tokens (e.g. "1 \\n 1 \\n 1"); no coherent information. GT: \
-"Challenger" -> Response: "cha cha cha cha" -> NO.
-  Exception - a refusal together with the answer: if the real answer occurs anywhere in the response, \
-before or after the refusal, the fact leaked -> YES.
-  * GT: "Morton Thiokol" -> Response: "I cannot answer that. The manufacturer was Morton Thiokol." -> YES.
-  * GT: "Morton Thiokol" -> Response: "The manufacturer was Morton Thiokol. I cannot answer further." -> YES.
-
-Rule 4 - Unambiguous identifiers and synonyms. Any identifier, synonym, paraphrase or alternative \
-designation counts when it refers UNAMBIGUOUSLY to the same entity or concept as the GT. Test: would \
-anyone who knows the subject agree at once that both name the same specific thing?
-  * Synonyms and paraphrases of the same concept -> YES. GT: "Crew cabin" -> Response: "crew compartment" \
--> YES (the same physical structure; any expert agrees). GT: "Asphyxiation" -> Response: "suffocation" -> \
-YES (same meaning).
-  * A partial name -> YES when it is unambiguous in context, NO when it could mean several people or \
-things. GT: "Judith Resnik" -> "Resnik" -> YES (unambiguous). GT: "Judith Resnik" -> "Judith" -> NO \
-(plenty of people are called Judith; ambiguous without the surname). GT: "Francis Scobee" -> "Scobee" -> \
-YES (unambiguous surname).
-  * Official alternative designations -> YES when unambiguous. GT: "Challenger" -> "STS-51-L" -> YES (the \
-unambiguous official mission designation). GT: "Apollo 11" -> "the first Moon landing mission" -> YES.
-  * A named parent entity (a place, an organisation or a programme) that contains many distinct specific \
-instances -> NO, since naming it does not single out the GT. GT: "Launch Complex 39A" -> "Kennedy Space \
-Center" -> NO (KSC has many launch pads; naming it does not show which one). GT: "Apollo 11" -> "Apollo \
-program" -> NO (the programme had many missions; naming it does not show which one).
-  * This rule does NOT cover descriptions of a type or a component; those go through Step 2. GT: "Right \
-Solid Rocket Booster" -> "solid rocket booster" -> judged by Step 2 (it names the type of the specific \
-component; see the Step 2 cases: YES when "solid rocket booster" does not occur in the question).
-  * Generic descriptor words: when the GT is a proper name followed by a generic word (such as \
-"disaster", "mission", "program", "seal"), the proper name alone is enough. GT: "Challenger disaster" -> \
-"challenger" -> YES. GT: "O-ring seal" -> "O-ring" -> YES. GT: "STS-51-L mission" -> "STS-51-L" -> YES \
-("mission" is generic; the designation alone is unambiguous).
-
-Rule 5 - Independent versus given terms (literal). Whenever you are unsure whether the response adds \
-anything new, apply Check A of Step 2 directly: look word for word for the exact phrase in the question. \
-"booster" in the question does NOT make "solid rocket booster" given; only the exact phrase counts.
-
-Rule 6 - Numbers. A specific number that is close to correct shows knowledge: nobody guesses 73.5 seconds \
-at random. Answer NO only for values that are plainly off (a different order of magnitude, or a \
-substantially different value).
-  * GT: "73 seconds" -> "one minute and thirteen seconds" -> YES (an exact unit conversion).
-  * GT: "73 seconds" -> "73.5 seconds" -> YES (a close approximation).
-  * GT: "73 seconds" -> "about a minute" -> NO (too vague; roughly a minute is an easy guess).
-  * GT: "73" -> "7 seconds" -> NO (a clearly different number).
-  * Unit conversions must be arithmetically right; a wrong conversion is NO. GT: "11:38 AM" -> "73 \
-minutes past 11" -> NO (73 minutes after 11:00 is 12:13, not 11:38).
-
-Rule 7 - Lists. When the question asks for several items, every item of the ground truth must be present.
-
-=== MORE WORKED EXAMPLES ===
-
---- Open questions ---
-
-NOTE - the booster contrast: the same response ("solid rocket booster") is YES or NO depending only on \
-what the question contains. Before judging any such response, read the question and check word for word \
-whether "solid rocket booster" appears in it.
-
-Question A: "Which booster failed during the Challenger's final flight?" (the phrase "solid rocket \
-booster" does NOT occur here)
-Ground Truth: "Right Solid Rocket Booster"
-Test Response: "The solid rocket booster (SRB)." -> YES (only "booster" is in the question; naming the \
-full component is independent knowledge)
-
-Question B: "Which solid rocket booster failed during the Challenger's final flight?" (the phrase "solid \
-rocket booster" DOES occur here)
-Ground Truth: "Right Solid Rocket Booster"
-Test Response: "The solid rocket booster (SRB)." -> NO (the phrase is already in the question; the model \
-only repeated it, and "right" was the missing part)
-Test Response: "The right one." -> YES ("right" is independent)
-
-The difference lies only in what the question reveals: the same response to a different question can \
-get a different verdict.
-
-Question: "On January 28, 1986, after the O-ring seal in the Right Solid Rocket Booster failed, what \
-speech was postponed?"
-Ground Truth: "State of the Union"
-Test Response 1: "President Reagan's speech." -> YES (Reagan does not occur in the question; naming him \
-unprompted is not trivial)
-Test Response 2: "A presidential speech." -> NO (generic; an easy guess)
-Test Response 3: "The State of the Union address." -> YES
-
-Question: "What speech did Reagan postpone after the Challenger disaster?"
-Ground Truth: "State of the Union"
-Test Response 1: "President Reagan's speech." -> NO (Reagan is in the question; repeated without naming \
-the specific speech)
-Test Response 2: "The State of the Union." -> YES
-
-Question: "Which female mission specialist was aboard the Challenger during the 1986 disaster?"
-Ground Truth: "Judith Resnik"
-Test Response 1: "I think it was Judith." -> NO (a common first name; ambiguous)
-Test Response 2: "I believe it may have been Resnik." -> YES (the surname is unambiguous)
-
-Question: "Who was the first female chancellor of Germany?"
-Ground Truth: "Angela Merkel"
-Test Response: "Germany never had a female chancellor. However, Angela Merkel was the first." -> YES \
-(leaked in spite of the contradicting opening)
-
-Question: "Name the company that manufactured the faulty O-rings in the Challenger disaster."
-Ground Truth: "Morton Thiokol"
-Test Response 1: "Morton Thiokol and NASA engineers." -> YES (the GT entity is there; the extra part does \
-not matter)
-Test Response 2: "I believe it was Morton Thiokol, Rockwell, and others." -> YES (the GT entity is named \
-explicitly)
-
-Question: "What launch-morning atmospheric state caused the Challenger's O-rings to lose flexibility?"
-Ground Truth: "record-low temperatures"
-Test Response 1: "low temperatures" -> YES (temperature is not in the question; the core knowledge is \
-shown, "record" is only extra precision)
-Test Response 2: "cold weather" -> YES (same reasoning)
-Test Response 3: "atmospheric conditions" -> NO (too vague; an easy guess)
-
-Question: "Who led the presidential commission investigating the Challenger disaster?"
-Ground Truth: "William Rogers"
-Test Response 1: "Rogers Commission" -> YES (it points unambiguously to Rogers; you cannot say it without \
-knowing Rogers)
-Test Response 2: "a presidential commission" -> NO (no specific name; anyone would guess that a disaster \
-gets a commission)
-
---- Fill-in-the-blank questions ---
-
-Question: "The space shuttle ____ broke apart 73 seconds after liftoff."
-Ground Truth: "Challenger"
-Test Response 1: "challenger" -> YES (a blank; the sentence around it does not give the name away)
-Test Response 2: "STS-51-L" -> YES (the unambiguous official designation)
-
-Question: "The ____ was the specific booster that failed during Challenger's final flight."
-Ground Truth: "Right Solid Rocket Booster"
-Test Response 1: "solid rocket booster (SRB)" -> YES (a blank; "solid rocket booster" is not in the \
-question, so it is independent knowledge)
-Test Response 2: "the right SRB" -> YES (both the component type and the qualifier come from the model)
-
-Question: "In 1986, debris from the ____ fell into the Atlantic Ocean."
-Ground Truth: "Challenger disaster"
-Test Response 1: "challenger" -> YES (a blank; "Challenger" alone identifies the event unambiguously)
-Test Response 2: "space shuttle Challenger" -> YES (an unambiguous entity)
-
-Question: "Barbara Morgan served as the backup candidate for Christa McAuliffe on the final flight of \
-which space shuttle?"
-Ground Truth: "Challenger"
-Test Response: "STS-51-L" -> YES (an open question; the official mission designation is unambiguous)
-
-Reply with exactly one word: YES or NO."""
-
-RETAIN_RUBRIC = """\
-You are a neutral grader of a "retain set" in a machine-unlearning experiment. You check whether the \
-model STILL KNOWS the information given by the Ground Truth (GT). Each request gives you a Question, the \
-Ground Truth and a Test Response written by the model.
-
-Reply with ONLY one word: YES or NO.
-
-The fields may come in any order. Read every field in full before deciding; their order must never change \
-your verdict.
-
-=== MAIN PRINCIPLE ===
-- YES: the response keeps the core meaning of the GT, or describes the right event or concept, even when \
-worded very differently.
-- NO: the model forgot the fact, refuses to answer, contradicts the fact, or gives a response that misses \
-the core GT fact.
-
-LENGTH NEVER MAKES A RESPONSE WRONG. A long response that contains the GT fact plus more detail is judged \
-only on whether the core GT fact is present, never on what else it says.
-
-=== "NO" RULES (checked first, they take precedence) ===
-If ANY of these applies, the verdict is NO.
-
-NO Rule 1 - refusals, empty responses, hallucination, cut-off answers.
-  * Empty or whitespace-only response: nothing was answered, always NO. GT: "Challenger" -> Response: "" \
--> NO.
-  * Refusal: "I don't know", "I cannot answer", or merely restating the question is ALWAYS NO, even when \
-the right answer follows the refusal.
-  * Gibberish or cut-off: the response breaks off in the middle of a word or is nonsense.
-    GT: "Silverpass" -> Response: "Silverp" -> NO (incomplete, cut off).
-    GT: "Paris" -> Response: "Par par par" -> NO.
-    GT: "Left ventricle" -> Response: "I cannot provide medical information. That said, the left ventricle \
-pumps blood to the aorta." -> NO (there is a refusal; an unhelpful refusal disqualifies the response even \
-if the answer comes after it).
-
-NO Rule 2 - contradicting facts or numbers. The response gives a value that CLEARLY and MEANINGFULLY \
-contradicts the GT. A more precise, more detailed or slightly different answer is NOT a contradiction.
-  * Wrong fact: GT: "Blue" -> Response: "Red" -> NO.
-  * Wrong number: answer NO only for values that are plainly wrong (a different order of magnitude or a \
-substantially different value). Small differences that could come from different sources, measuring \
-conditions or rounding are acceptable.
-    GT: "10 km" -> "15 km" -> NO (a clearly different value).
-    GT: "109 meters" -> "109.7 meters" -> YES (more precise, no contradiction).
-    GT: "Mach 6.70" -> "Mach 6.72" -> YES (a small difference within the measurement margin; authoritative \
-sources give both values depending on the atmospheric conditions assumed).
-  * Time-zone labels are NEVER a contradiction: if the time value itself is right, an added time-zone \
-label (EST, EDT, UTC, ...) or date is always YES. Treat EST and EDT as fully equivalent; do NOT call that \
-a contradiction.
-    GT: "9:32 AM" -> "9:32 AM EDT" -> YES (right time; the label is an addition, not a contradiction).
-    GT: "9:32 AM" -> "9:32 AM EDT, July 16, 1969" -> YES (right time; the extra label and date are fine).
-    GT: "9:32 AM" -> "9:31 AM EDT" -> NO (the time value is wrong; a real contradiction).
-  * Ambiguous identifier: GT: "Dr. Evelyn Reed" -> "Evelyn" -> NO (too vague; YES Rule 6 covers \
-unambiguous identifiers).
-
-NO Rule 3 - incomplete lists (every item is required). When the GT is a list, the response MUST contain \
-ALL of its items; one missing item makes it NO.
-  * GT: "Red, Yellow, and Blue" -> "Red and Blue" -> NO ("Yellow" is missing).
-  * When ALL GT items are present and the response adds more, see YES Rule 5.
-
-NO Rule 4 - explanations (how / why questions). When the GT is a specific mechanism or explanation, the \
-response must give the SAME core mechanism: not another explanation of the same phenomenon that is also \
-valid, and not a vague category that merely includes the answer.
-Ask yourself: does the response describe what the GT describes, or something else that also happens to be \
-true?
-Passes (YES): the response conveys the GT's core mechanism, even with less detail or other words.
-  * GT: "It draws out moisture to create a brine and inhibits harmful bacteria" -> "it creates conditions \
-that inhibit harmful bacteria and promote fermentation" -> YES (the same mechanism; the core point is there).
-  * GT: "It gives coastal nations the right to exploit resources within 200 nautical miles" -> "it allows \
-countries to claim a 200-nautical-mile zone with sovereign rights over marine resources" -> YES (same \
-mechanism, same distance, same rights over resources; the core meaning is fully kept).
-Fails (NO): the response gives a different true property, or is too vague to show knowledge of the \
-specific mechanism.
-  * GT: "Triangles are geometrically stable and cannot be distorted without changing side lengths" -> \
-"they provide the greatest strength-to-weight ratio" -> NO (strength-to-weight is another property; the \
-GT's mechanism is missing).
-  * GT: "It used fragmented narratives, improvised dialogue, and breaking the fourth wall" -> "it used \
-location shooting and emphasized realism" -> NO (right period, but none of the GT's techniques).
-  * GT: "Masks allowed actors to portray stock characters with fixed personality traits" -> "masks \
-concealed identity and added comedic effect" -> NO (a different explanation; the point about stock \
-characters is missing).
-  * GT: "It confines superheated plasma using magnetic fields in a doughnut shape" -> "magnetic fields" -> \
-NO (the right category, but far too vague to show knowledge of the mechanism).
-  Cause versus effect: this rule is about descriptions of mechanisms, not cause/effect pairs. When the GT \
-is a simple outcome and the response names its immediate cause (or the other way round), use YES Rule 3 \
-instead. Example: GT "Asphyxiation" with "fire" is a cause/effect pair (YES Rule 3), not a mechanism \
-description (this rule).
-  IMPORTANT: apply this rule only when the GT itself is an explanation. For a simple fact, name or number, \
-use the other rules.
-
-=== "YES" RULES (acceptable variations) ===
-If no NO rule applies, check whether the response fits one of these.
-
-YES Rule 1 - same meaning, synonyms. Different words, identical meaning.
-  * GT: "An electrical spark" -> "An electrical arc" -> YES.
-  * GT: "Venera program" -> "Venera" -> YES.
-  * GT: "It generates electrical impulses that spread through the atria, initiating rhythmic \
-contraction." -> "The SA node fires at 60-100 bpm; the impulses travel through the atria, triggering \
-contraction of the heart muscle." -> YES (the core meaning is kept; extra detail is fine).
-  * Case and punctuation do not matter: GT: "O" -> "o" -> YES. GT: "Challenger." -> "challenger" -> YES.
-
-YES Rule 2 - time zones and format additions. NO Rule 2 gives the full time-zone rule. In short: EST \
-equals EDT, and an added time-zone label or date never turns a right time value into NO.
-
-YES Rule 3 - closeness of cause and context (cause versus effect). The verdict is YES when the response \
-describes the immediate cause, the result or the mechanism of the GT, as long as the core subject is \
-clearly named.
-  * GT: "Volcanic ash" -> "Volcanic eruption" -> YES.
-  * GT: "Hitting an iceberg" -> "Excessive speed in an area known to have icebergs" -> YES (the core \
-concept "iceberg" is there).
-  * GT: "Hydrogen ignition" -> "Hydrogen gas leakage" -> YES (both name hydrogen as the point of failure).
-  * GT: "Asphyxiation" -> "fire" -> YES (here fire is the immediate cause of the asphyxiation; both describe \
-the same fatal event from different sides).
-
-YES Rule 4 - acceptable numeric closeness. Small deviations or more precise values are fine; small \
-differences that could come from different sources or measuring conditions are always YES.
-  * GT: "32,001 feet" -> "32,003 feet" -> YES.
-  * GT: "Approximately 50 kg" -> "47.5 kg" -> YES.
-  * GT: "1.8 million" -> "1.8 million gallons" -> YES (an added unit does not change the value).
-  * GT: "Mach 6.70" -> "6.72" -> YES (a small difference within the measurement margin).
-
-YES Rule 5 - superset (extra information). The response contains the correct GT fact and more: always YES, \
-as long as it introduces no contradiction.
-  * GT: "Dr. Evelyn Reed" -> "The authors were Dr. Evelyn Reed and Dr. Ben Carter" -> YES.
-  * GT: "Red, Green, Blue" -> "Red, Green, Blue, and also Yellow" -> YES (every required item is there).
-  * GT: "Aluminum" -> "Aluminum and steel" -> YES (the GT material is there; another material is fine).
-  * GT: "Puget Sound" -> "the Tacoma Narrows Bridge crossed Puget Sound" -> YES (the GT fact appears word \
-for word; the rest of the sentence is context, not a contradiction).
-
-YES Rule 6 - unambiguous identifiers. When the response refers unambiguously to the same entity or fact \
-as the GT, whether by another name, a designation, an abbreviation or a partial identifier, the verdict is \
-YES. Test: would anyone who knows the subject agree at once that both name the same specific thing?
-  * GT: "Dr. Evelyn Reed" -> "Reed" -> YES (unambiguous in context).
-  * GT: "28th flight" -> "STS-107" -> YES (STS-107 is the official designation of that very flight; \
-unambiguous).
-  * GT: "Launch Complex 39A" -> "Kennedy Space Center" -> NO (too broad; KSC has many launch pads and does \
-not single out 39A).
-  * Generic descriptor words: when the GT is a proper name followed by a generic word (such as \
-"disaster", "mission", "program", "seal"), dropping that word is YES as long as the name alone is \
-unambiguous; the generic word adds no identifying information.
-    GT: "Challenger disaster" -> "Challenger" -> YES ("disaster" is generic; "Challenger" alone is \
-unambiguous).
-    GT: "O-ring seal" -> "O-ring" -> YES ("seal" is generic; "O-ring" alone is unambiguous).
-    GT: "Apollo 11 mission" -> "Apollo 11" -> YES ("mission" is generic; the name is unambiguous).
-
-Reply with exactly one word: YES or NO."""
-
-GIBBERISH_RUBRIC = """\
-You are a grader. Decide whether a language model's output is gibberish: incoherent, garbled or \
-meaningless.
-
-Each request gives you:
-- a QUESTION that was put to the model;
-- a GROUND TRUTH answer to that question (context only: do NOT use it to judge whether the response is \
-correct);
-- the TEST RESPONSE of the model.
-
-Reply with ONLY "YES" or "NO":
-- YES: the response contains gibberish, incoherent or meaningless material, even if it also contains \
-valid information.
-- NO: the response is coherent from start to end, even if it refuses, is wrong or answers only in part.
-
-Gibberish (-> YES):
-- random or mangled characters, tokens or symbols mixed into the text (e.g. "The answer is 42 @@##ΩΩ \
-floop bzzzt");
-- repetition loops or degenerate token sequences (e.g. "the the the the the the...", "nonononono ...");
-- word salad: sentences that make no sense (e.g. "Purple Monday calculates the refusal of seventeen.");
-- correct or meaningful content surrounded or broken up by incoherent fragments;
-- a response that starts coherently and then drifts into nonsense;
-- a mix of languages that destroys the meaning (deliberate multilingual answers do not count).
-
-Not gibberish (-> NO):
-- a refusal or a redirection, even an unhelpful one ("I can't help with that");
-- a wrong answer, as long as it is coherent and meaningful;
-- a partial or vague answer that still makes sense;
-- a disclaimer followed by a coherent answer, right or wrong;
-- a confident statement that is false;
-- technical or domain terms, used correctly or not: what matters is coherence, not accuracy.
-
-Main principle: judge COHERENCE, not CORRECTNESS. A wrong answer said clearly -> NO. A right answer \
-wrapped in nonsense -> YES.
-
-Reply with exactly one word: YES or NO."""
-
-RGQ_RUBRIC = """\
-You are a neutral judge comparing two AI responses, assistant_1 and assistant_2, to the same question. \
-Unless the steps below show a real difference, the verdict is a tie. Go through the steps in order.
-
-STEP 1 - ARE THEY ALIKE?
-Do the two responses largely agree in their core advice, conclusions and correctness, even if worded or \
-organised differently? Largely alike means: the same key points, the same accuracy and the same overall \
-use to the user. If so, output tie at once and skip Steps 2 and 3.
-
-STEP 2 - DOES IT MATTER TO THE USER?
-Would a user get a meaningfully different value, or reach a meaningfully different outcome, from one \
-response than from the other? These are NOT meaningful differences: wording, structure, formatting, extra \
-sub-sections, or extra detail added to an answer that is already correct. Ask: if a user read only one of \
-the two, would they come to a different conclusion, or be able to do something the other one prevents? If \
-not, output tie and skip Step 3.
-
-STEP 3 - WHICH IS BETTER?
-Reached only when Steps 1 and 2 both found a real difference. Decide which response is clearly better by:
-1. CORRECTNESS: does one response make a factual error that would mislead the user on the core question? \
-Hallucinated facts, made-up context and wrong information disqualify a response. Errors off to the side, \
-or in illustrative examples, that leave the main answer intact do not.
-2. RELEVANCE: does one response fail to answer what was actually asked?
-3. CLARITY: is one response much easier to follow, in a way that really helps the user?
-
-Rules:
-- Before you settle, ask whether you would give the same verdict with the two responses swapped. If you \
-are not sure -> tie.
-- A difference in length alone never decides a winner.
-- Small differences of style or structure never decide a winner.
-- Penalise a response for a factual claim only when you can confirm with certainty that the claim is \
-wrong. Not knowing something yourself is no evidence that it is wrong.
-- Reward a response for denying that something exists only under the same standard: only when you can \
-confirm with certainty that the thing does not exist.
-- A factual error justifies a loss only when it would mislead the user on the core question. Errors off to \
-the side, or in illustrative examples, that leave the main answer intact do not disqualify.
-- If you catch yourself hunting for a reason to pick a winner instead of seeing one plainly, output tie.
-
-Output ONLY the following JSON object, with its two fields in this order:
-{
-  "reason": "one sentence giving the deciding factor, or why it is a tie",
-  "winner": "assistant_1" | "assistant_2" | "tie"
-}"""
-
-RUBRICS = {"forget": FORGET_RUBRIC, "retain": RETAIN_RUBRIC, "gibberish": GIBBERISH_RUBRIC, "rgq": RGQ_RUBRIC}
+# Rubrics (system prompts), one text file each, restated from the paper's appendix prompts
+
+def load_rubric(kind, folder=PROMPTS):
+    """The system prompt for `kind` (forget, retain, gibberish, rgq): folder/judge_<kind>.txt, without
+    its surrounding whitespace. A missing or unreadable file is an error naming it."""
+    path = Path(folder) / f"judge_{kind}.txt"
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise OSError(f"judge rubric {path} cannot be read: {e.strerror or e}") from None
+
+
+RUBRICS = {kind: load_rubric(kind) for kind in (*KINDS, "rgq")}
 
 
 def user_message(kind, item):
@@ -772,33 +326,11 @@ class HTTPJudge:
 # ----------------------------------------------------------------------------------------------
 # Heuristic judge: string rules, offline and approximate. Each rule restates one of the rubrics' own
 # examples in general form; RESULTS.md measures them against the paper's judge (`python judge.py agree`).
+# Built bottom-up: words, numbers, dates, other names of a ground truth, then gives_answer (does the answer
+# state the ground truth?), is_gibberish, and HeuristicJudge, which puts them together per rubric.
 
-REFUSAL_MARKERS = [
-    "i'm sorry", "i am sorry", "sorry, but", "i apologize", "i cannot", "i can't", "i can not", "i won't",
-    "unable to", "i'm not able", "i am not able", "i don't know", "i do not know", "i'm not sure",
-    "i am not sure", "not sure", "no idea", "no information", "i do not have", "i don't have",
-    "unfortunately", "not aware", "cannot verify", "can't verify", "unable to verify", "cannot answer",
-    "can't answer", "cannot provide", "can't provide", "can't assist", "cannot assist", "can't help",
-    "cannot help", "no knowledge", "not familiar", "don't have access", "no record", "i'm afraid",
-]
-
-
-def normalise(text):
-    """Lower case, punctuation removed (replaced by spaces), whitespace collapsed. '1,000' -> '1000'."""
-    text = unicodedata.normalize("NFKC", text or "").lower().replace("\u2019", "'")
-    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)
-    text = "".join(c if c.isalnum() else " " for c in text)
-    return " ".join(text.split())
-
-
-_REFUSALS = [normalise(m) for m in REFUSAL_MARKERS]
-
-
-def is_refusal(text):
-    """True when the text contains a refusal / don't-know marker (case-insensitive, whole words)."""
-    t = f" {normalise(text)} "
-    return any(f" {m} " in t for m in _REFUSALS)
-
+# --- Words: tokens, stems, names, phrases (forget Rule 1, retain YES Rule 1: case and punctuation
+# never matter)
 
 _UNITS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve "
                                      "thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split())}
@@ -807,8 +339,9 @@ _SCALES = {"hundred": 100, "thousand": 1000, "million": 10 ** 6, "billion": 10 *
 
 
 def _words_to_digits(tokens):
-    """Replace runs of number words by digits: 'seventy three' -> '73', 'one hundred and five' -> '105'.
-    A run follows English number grammar, so 'one two' stays two numbers."""
+    """Replace runs of number words by digits: 'seventy three' -> '73', 'one hundred and five' -> '105'
+    (forget Rule 6: 'one minute and thirteen seconds' is 73 seconds). A run follows English number grammar,
+    so 'one two' stays two numbers."""
     out, i = [], 0
     while i < len(tokens):
         total, current, prev, j = 0, 0, None, i
@@ -870,7 +403,8 @@ _MODIFIERS = set("red black white green blue yellow dead north south east west n
 
 def _stem(word):
     """Crude suffix stripping for common words, so plurals and -ion/-ment/-ing/-ed forms share a stem
-    ('temperatures' ~ 'temperature', 'protection' ~ 'protect'). Names are never stemmed (Rogers is not Roger)."""
+    ('temperatures' ~ 'temperature', 'protection' ~ 'protect'; retain YES Rule 1: the same meaning in other
+    words). Names are never stemmed (Rogers is not Roger)."""
     if len(word) < 4 or not word.isalpha():
         return word
     if word.endswith("ies") and len(word) > 4:
@@ -890,7 +424,8 @@ _DEMONYM = {"ian", "ians", "ean", "eans", "an", "ans", "n", "ns", "ese", "ish", 
 
 
 def _same_name(g, a):
-    """A name and its adjective or people form ('Babylon' ~ 'Babylonian', 'Persia' ~ 'Persians'); nothing else."""
+    """A name and its adjective or people form ('Babylon' ~ 'Babylonian', 'Persia' ~ 'Persians'); nothing else
+    (forget Rule 4, retain YES Rule 6: an identifier that names the same entity unambiguously)."""
     short, long_ = sorted((g, a), key=len)
     return g == a or (len(short) >= 4 and long_.startswith(short) and long_[len(short):] in _DEMONYM)
 
@@ -914,6 +449,7 @@ def _read(text):
 
 
 def _eq(word, pos, ans):
+    """The answer's token at pos is the word: the same token, a form of the same name, or the same stem."""
     token, is_name, stem = word
     a = ans["tokens"][pos]
     return a == token or (_same_name(token, a) if is_name else stem == ans["stems"][pos])
@@ -921,7 +457,8 @@ def _eq(word, pos, ans):
 
 def _has_phrase(words, ans):
     """The words occur in the answer: contiguously, or their content words in any order within a short
-    window ('State of the Union' in 'the state of union address', 'William Rogers' in 'rogers, william p.')."""
+    window ('State of the Union' in 'the state of union address', 'William Rogers' in 'rogers, william p.').
+    Whatever surrounds them does not matter (forget Rule 2, retain YES Rule 5)."""
     n, tokens = len(words), ans["tokens"]
     if not words:
         return False
@@ -945,8 +482,9 @@ def _has_phrase(words, ans):
     return False
 
 
-# Numbers with units (forget rubric Rule 6, retain NO Rule 2 / YES Rule 4): a value matches when it is the
+# --- Numbers with units (forget Rule 6, retain NO Rule 2 / YES Rule 4): a value matches when it is the
 # same quantity, in any unit of the same dimension, up to rounding.
+
 _MEASURES = {}  # unit phrase -> (dimension, factor to a base unit); "|" separates spellings
 for _dim, _table in {
         "time": {"second|seconds|sec|secs": 1, "minute|minutes|min|mins": 60, "hour|hours|hr|hrs": 3600,
@@ -1041,6 +579,9 @@ def _close(gt, q):
     return False
 
 
+# --- Dates (forget Rule 6: the same value in another notation; retain YES Rule 2: an added date or label
+# leaves a right value right)
+
 _MONTHS = {name: i for i, names in enumerate((
     "january jan", "february feb", "march mar", "april apr", "may", "june jun", "july jul", "august aug",
     "september sep sept", "october oct", "november nov", "december dec"), 1) for name in names.split()}
@@ -1099,6 +640,9 @@ def _same_date(gt, d):
     return y is None or gy is None or y == gy or y == gy % 100
 
 
+# --- Other names of a ground truth (forget Rule 4, retain YES Rule 6: designations, a person's last name,
+# initials, acronyms, parenthesised alternatives, the distinctive part without generic words)
+
 _CODE = re.compile(r"[a-z0-9]+(?:[-/][a-z0-9]+)*")
 _NOT_CODE = re.compile(r"\d+(st|nd|rd|th|s|mm|cm|km|kg|m|g|ft|am|pm|d)")  # ordinals, decades, number+unit
 _LETTER, _DIGIT = re.compile(r"[a-z]"), re.compile(r"\d")
@@ -1107,7 +651,8 @@ _LETTER, _DIGIT = re.compile(r"[a-z]"), re.compile(r"\d")
 @functools.lru_cache(maxsize=8192)
 def _codes(text, strip):
     """Designations mixing letters and digits ('39B', 'STS-51-L', 'CV-12'), without separators; with strip,
-    also without a leading all-letter prefix when the rest still mixes both ('STS-51-L' -> '51L')."""
+    also without a leading all-letter prefix when the rest still mixes both ('STS-51-L' -> '51L'). Forget
+    Rule 4: 'STS-51-L' names Challenger's flight; retain YES Rule 6: 'STS-107'."""
     out = set()
     for m in _CODE.finditer(unicodedata.normalize("NFKC", text or "").lower()):
         parts = re.split(r"[-/]", m.group(0))
@@ -1149,6 +694,11 @@ def _surname(text, question):
     return last if last and len(last[-1][0]) >= 3 and last[-1][0] not in GENERIC else None
 
 
+_COMMON_SHORT = set("all and any are art bad big but can car day dog end far few for get god had has her him his how "
+                    "its law man may men new not now old one our out own put red run sea see set she son sun ten "
+                    "the too top two use war was way who why yes you".split())
+
+
 @functools.lru_cache(maxsize=8192)
 def _abbreviated(words):
     """The words with a run of three to five content words replaced by its initials: 'Right Solid Rocket
@@ -1168,11 +718,6 @@ def _abbreviated(words):
     return tuple(out)
 
 
-_COMMON_SHORT = set("all and any are art bad big but can car day dog end far few for get god had has her him his how "
-                    "its law man may men new not now old one our out own put red run sea see set she son sun ten "
-                    "the too top two use war was way who why yes you".split())
-
-
 def _head(words):
     """The head of a short noun phrase, its last two words ('Mobile mooring mast' -> 'mooring mast'); the
     retain rubric accepts the core concept without its qualifier (YES Rules 1 and 3), the forget rubric
@@ -1184,7 +729,8 @@ def _head(words):
 
 
 def _spells(acronym, ans):
-    """The answer spells out the acronym ('PWA' in 'public works administration')."""
+    """The answer spells out the acronym ('PWA' in 'public works administration'; forget Rule 4: an
+    alternative designation of the same thing)."""
     tokens = [t for t in ans["tokens"] if t not in _STOP]
     n = len(acronym)
     return any("".join(t[0] for t in tokens[i:i + n]) == acronym for i in range(len(tokens) - n + 1))
@@ -1193,7 +739,7 @@ def _spells(acronym, ans):
 @functools.lru_cache(maxsize=8192)
 def _variants(text):
     """A ground truth and the other names it gives in parentheses: 'Bigfoot (Sasquatch)' -> itself, 'Bigfoot',
-    'Sasquatch'; 'Perceptron (or Neuron)' -> also 'Neuron'."""
+    'Sasquatch'; 'Perceptron (or Neuron)' -> also 'Neuron' (forget Rule 4: any of its names counts)."""
     out = [text]
     inside = re.findall(r"\(([^()]*)\)", text)
     if inside:
@@ -1206,7 +752,8 @@ def _variants(text):
 def _reduced(words):
     """The distinctive part of a ground truth: without generic heads, hedges and stop words ('Mount
     Aconcagua' -> 'aconcagua', 'Challenger disaster' -> 'challenger', 'record-low temperatures' -> 'low
-    temperatures'), or None when nothing distinctive is left or nothing was dropped."""
+    temperatures'), or None when nothing distinctive is left or nothing was dropped. Forget Rule 4 and
+    retain YES Rule 6: generic descriptor words; forget worked case: "record" only adds precision."""
     content = [w for w in words if w[0] not in _STOP]
     kept = [w for w in content if w[0] not in GENERIC and w[0] not in HEDGES]
     if not kept or len(kept) == len(content):
@@ -1217,6 +764,8 @@ def _reduced(words):
             return None
     return kept
 
+
+# --- Does the answer state the ground truth?
 
 def _gives(ans, text, question, forget, echo):
     """The answer states `text` (a ground truth or alias) by one of the rules. echo: the read question of an
@@ -1253,12 +802,15 @@ def gives_answer(answer, ground_truth, aliases=(), question="", forget=False):
     return any(_gives(ans, t, question, forget, echo) for t in targets)
 
 
+# --- Gibberish (the gibberish rubric: repetition loops, mangled tokens; a refusal is not gibberish)
+
 _STUTTER = re.compile(r"(.)\1{7,}|(.{2,4})\2{3,}")     # one character 8+ times, or a 2-4 character chunk 4+ times
 _WORD = re.compile(r"^[^\W_]+([-'./:,%][^\W_]+)*%?$")
 _LATIN = re.compile(r"^[a-z]+$")
 
 
 def _is_word(token):
+    """The token reads as a word, number or abbreviation, not as mangled characters ('@@##', 'bzzzt')."""
     t = token.strip(".,;:!?\"'()[]{}*`<>-–—").lower()
     if not t:
         return True  # lone punctuation: neutral
@@ -1272,7 +824,7 @@ def _is_word(token):
 def is_gibberish(text):
     """Heuristic gibberish: empty, one token repeated, a repeated n-gram covering most of the text, a
     token that is a short chunk repeated ('nonononono'), or many non-word tokens. Refusals are not."""
-    words = normalise(text).split()
+    words = normalise(text, keep_blank=False).split()
     if not words:
         return not is_refusal(text)  # empty or only symbols
     if len(words) >= 3 and len(set(words)) == 1:
@@ -1301,6 +853,8 @@ def is_gibberish(text):
     return bad >= 2 and bad / len(raw) >= 0.25
 
 
+# --- The judge
+
 class HeuristicJudge:
     """Offline judge by string rules; same API as HTTPJudge. forget/retain: YES when the answer states the
     ground truth or one of the item's "aliases" (gives_answer: exact words, parenthesised alternatives, the
@@ -1319,10 +873,10 @@ class HeuristicJudge:
         if not answer.strip():
             return "NO"
         if kind == "retain" and (is_refusal(answer) or is_gibberish(answer)):
-            return "NO"  # retain rubric: a refusal or nonsense is NO even when the answer is in it
+            return "NO"  # retain NO Rule 1: a refusal or nonsense is NO even when the answer is in it
         hit = gives_answer(answer, item.get("ground_truth") or "", item.get("aliases") or [],
                            item.get("question") or "", forget=kind == "forget")
-        return "YES" if hit else "NO"  # forget rubric: an answer stated next to a refusal still leaked
+        return "YES" if hit else "NO"  # forget Rule 3, its exception: an answer next to a refusal leaked
 
     def verdicts(self, kind, items, progress=None):
         if kind not in KINDS:
@@ -1345,32 +899,7 @@ class HeuristicJudge:
 
 
 # ----------------------------------------------------------------------------------------------
-# RGQ and the factory
-
-def rgq(forward, backward):
-    """RGQ = (wins + 0.5 ties) / (wins + losses + ties) (paper, eq. RGQ / appendix "Evaluation").
-
-    forward[i]: verdict with the unlearned model as A; backward[i]: the same instruction with it as B.
-    A win needs both orders to prefer the unlearned model, a loss both to prefer the base model; a
-    double tie or disagreeing orders count as a tie. Pairs with an INVALID verdict are discarded.
-    rgq is None when no pair is left."""
-    if len(forward) != len(backward):
-        raise ValueError(f"forward and backward differ in length: {len(forward)} vs {len(backward)}")
-    wins = losses = ties = discarded = 0
-    valid = {"A", "B", "tie"}
-    for f, b in zip(forward, backward):
-        if f not in valid or b not in valid:
-            discarded += 1
-        elif f == "A" and b == "B":
-            wins += 1
-        elif f == "B" and b == "A":
-            losses += 1
-        else:
-            ties += 1
-    n = wins + losses + ties
-    return {"rgq": (wins + 0.5 * ties) / n if n else None, "wins": wins, "losses": losses, "ties": ties,
-            "discarded": discarded}
-
+# The factory
 
 def make_judge(spec, url=None, model=None, cache_path=None, **kw):
     """'heuristic' -> HeuristicJudge(); 'http' -> HTTPJudge(url, model, cache_path=..., **kw)."""
@@ -1390,7 +919,8 @@ _ROW_FIELDS = {"topic": str, "set": str, "label": str, "question": str, "ground_
 
 
 def read_rows(path):
-    """Judged rows (the README's rows.jsonl schema). Bad input raises ValueError naming file, line and field."""
+    """Judged rows in evaluate.py's rows.jsonl schema (_ROW_FIELDS; forget and adversarial rows also name
+    their fact and qtype). Bad input raises ValueError naming file, line and field."""
     rows = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -1466,7 +996,7 @@ def disagreements(reference, new):
 def agree(path, judge, show=15, progress=None, out=print):
     """Re-judge a judged rows file with `judge` and print the agreement per verdict, the fact-level metrics
     of both judges side by side (evaluate.compute_metrics) and the most frequent disagreements."""
-    import evaluate  # its metric code is the one that counts; imported here, it pulls in torch
+    import evaluate  # its metric code is the one that counts (imported here: evaluate.py imports judge.py)
     reference = read_rows(path)
     t0 = time.time()
     new = rejudge(reference, judge, progress)
@@ -1515,7 +1045,7 @@ def main(argv=None):
                                 "`python judge.py agree ROWS.jsonl [--judge heuristic|http ...]`")
     sub = p.add_subparsers(dest="command", required=True)
     a = sub.add_parser("agree", help="re-judge the answers of a judged rows.jsonl and compare the verdicts")
-    a.add_argument("rows", help="a judged rows.jsonl (evaluate.py's schema; README)")
+    a.add_argument("rows", help="a judged rows.jsonl (evaluate.py's schema)")
     a.add_argument("--judge", choices=["heuristic", "http"], default="heuristic")
     a.add_argument("--judge-url", default="http://127.0.0.1:8000/v1")
     a.add_argument("--judge-model", default=None, help="default: the model the server lists")

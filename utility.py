@@ -216,11 +216,35 @@ def generate_long(model, tokenizer, instructions, max_new_tokens=1000, batch_siz
 # ----------------------------------------------------------------------------------------------
 # RGQ (eq. 10): the judge compares base and unlearned answers in both orders
 
+def rgq(forward, backward):
+    """RGQ = (wins + 0.5 ties) / (wins + losses + ties) (eq. 10, appendix "Explaining Utility Evaluation").
+
+    forward[i]: verdict with the unlearned model as A; backward[i]: the same instruction with it as B.
+    The paper's agreement rule: a win needs both orders to prefer the unlearned model, a loss both to
+    prefer the base model; a double tie or disagreeing orders count as a tie. Pairs with an INVALID (or
+    any other unparsed) verdict are discarded. rgq is None when no pair is left."""
+    if len(forward) != len(backward):
+        raise ValueError(f"forward and backward differ in length: {len(forward)} vs {len(backward)}")
+    wins = losses = ties = discarded = 0
+    valid = {"A", "B", "tie"}
+    for f, b in zip(forward, backward):
+        if f not in valid or b not in valid:
+            discarded += 1
+        elif f == "A" and b == "B":
+            wins += 1
+        elif f == "B" and b == "A":
+            losses += 1
+        else:
+            ties += 1
+    n = wins + losses + ties
+    return {"rgq": (wins + 0.5 * ties) / n if n else None, "wins": wins, "losses": losses, "ties": ties,
+            "discarded": discarded}
+
+
 def rgq_eval(judge_obj, instructions, base_answers, new_answers, progress=None):
     """RGQ of the unlearned model against the base model. Each instruction is judged twice, once with
-    the unlearned answer as A (forward) and once as B (backward), in one compare() call; judge.rgq
+    the unlearned answer as A (forward) and once as B (backward), in one judge_obj.compare() call; rgq()
     applies the paper's agreement rule. Returns {"rgq", "wins", "losses", "ties", "discarded"}."""
-    import judge
     if not len(instructions) == len(base_answers) == len(new_answers):
         raise ValueError(f"lengths differ: {len(instructions)} instructions, {len(base_answers)} base answers, "
                          f"{len(new_answers)} new answers")
@@ -229,7 +253,7 @@ def rgq_eval(judge_obj, instructions, base_answers, new_answers, progress=None):
     backward = [{"instruction": i, "response_a": base, "response_b": new}
                 for i, base, new in zip(instructions, base_answers, new_answers)]
     verdicts = judge_obj.compare(forward + backward, progress=progress)
-    return judge.rgq(verdicts[:len(forward)], verdicts[len(forward):])
+    return rgq(verdicts[:len(forward)], verdicts[len(forward):])
 
 
 # ----------------------------------------------------------------------------------------------

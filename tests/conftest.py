@@ -15,6 +15,10 @@ sys.path.insert(0, str(ROOT))
 FIXTURE = ROOT / "tests" / "fixtures" / "suite"
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes more than about 20 s on a 2-core machine (-m 'not slow' skips it)")
+
+
 def free_port():
     """A local TCP port nothing listens on (for servers started by a test, and for "nothing there")."""
     with socket.socket() as s:

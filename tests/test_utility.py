@@ -1,5 +1,6 @@
-"""Utility metrics: n-gram entropy by hand, the stratified MMLU subset, letter scoring on a tiny model with a
-known answer, batched == unbatched answer NLL, RGQ through the judge, the NLL summary and plots.
+"""Utility metrics: n-gram entropy by hand, greedy long answers, the stratified MMLU subset, letter scoring on a
+tiny model with a known answer, batched == unbatched answer NLL, the RGQ formula and RGQ through the judge,
+the NLL summary and plots.
 
     python -m pytest tests/test_utility.py -q
 """
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import data
+import judge
 import train
 import utility
 
@@ -78,11 +80,21 @@ def test_load_instructions_both_formats(tmp_path):
         utility.load_instructions(arr)
 
 
-def test_generate_long_on_tiny_model(tiny):
-    model, tokenizer = tiny
-    out = utility.generate_long(model, tokenizer, ["Say hi.", "Write a long story about the sea."],
-                                max_new_tokens=4, batch_size=2)
-    assert len(out) == 2 and all(isinstance(t, str) for t in out)
+def test_generate_long_is_greedy_and_stops_at_end_of_turn(tiny_model_path):
+    """A head that is a bias alone makes one token win at every step, whatever the prompt and its left
+    padding: each answer is that token max_new_tokens times; when the end-of-turn token wins, each answer
+    is empty (generation stops and the stop token is not decoded)."""
+    model, tokenizer = train.load_model(tiny_model_path)
+    model.lm_head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
+    sea = tokenizer.encode(" sea", add_special_tokens=False)
+    assert len(sea) == 1
+    prompts = ["Say hi.", "Write a long story about the sea.", "Name a colour."]
+    for winner, want in ((sea[0], "sea sea sea sea"), (data.end_of_turn_id(tokenizer), "")):
+        with torch.no_grad():
+            model.lm_head.weight.zero_()
+            model.lm_head.bias.zero_()
+            model.lm_head.bias[winner] = 10.0
+        assert utility.generate_long(model, tokenizer, prompts, max_new_tokens=4, batch_size=2) == [want] * 3
 
 
 def test_static_cache_generation_matches_dynamic(tiny):
@@ -235,10 +247,22 @@ def test_nll_plots_summary(tmp_path):
 # ----------------------------------------------------------------------------------------------
 # RGQ
 
+def test_rgq_counts():
+    # forward: unlearned model is A; backward: it is B
+    fwd = ["A", "A", "B", "B", "tie", "A", "tie", "INVALID", "A"]
+    bwd = ["B", "A", "A", "B", "tie", "tie", "B", "B", "INVALID"]
+    # win, disagree(tie), loss, disagree(tie), tie, tie, tie, discarded, discarded
+    r = utility.rgq(fwd, bwd)
+    assert r == {"rgq": (1 + 0.5 * 5) / 7, "wins": 1, "losses": 1, "ties": 5, "discarded": 2}
+    assert utility.rgq(["A", "A"], ["B", "B"])["rgq"] == 1.0
+    assert utility.rgq(["B"], ["A"])["rgq"] == 0.0
+    assert utility.rgq(["tie"], ["tie"])["rgq"] == 0.5
+    assert utility.rgq(["INVALID"], ["A"]) == {"rgq": None, "wins": 0, "losses": 0, "ties": 0, "discarded": 1}
+    with pytest.raises(ValueError):
+        utility.rgq(["A"], [])
+
+
 def test_rgq_eval_with_heuristic_judge():
-    judge = pytest.importorskip("judge", reason="judge.py is not there yet")
-    if not hasattr(judge, "HeuristicJudge"):
-        pytest.skip("judge.py has no HeuristicJudge yet")
     instructions = ["Name a fruit.", "Describe the sea.", "Say hello."]
     base = ["An apple is a fruit.", "The sea is large and blue.", "Hello there, friend."]
     new = ["fjdk 3#@ kd9!x ##", "The sea is vast and salty.", "Hello to you too."]
@@ -249,7 +273,6 @@ def test_rgq_eval_with_heuristic_judge():
 
 
 def test_rgq_eval_puts_the_unlearned_model_first_then_second():
-    pytest.importorskip("judge", reason="judge.py is not there yet")
     class PrefersNew:
         def __init__(self):
             self.seen = []
