@@ -1130,5 +1130,31 @@ def main(argv=None):
     print(summary)
 
 
+# moved from judge.py (temporary copy for the model helper's branch; the judge helper moves the original)
+REFUSAL_MARKERS = [
+    "i'm sorry", "i am sorry", "sorry, but", "i apologize", "i cannot", "i can't", "i can not", "i won't",
+    "unable to", "i'm not able", "i am not able", "i don't know", "i do not know", "i'm not sure",
+    "i am not sure", "not sure", "no idea", "no information", "i do not have", "i don't have",
+    "unfortunately", "not aware", "cannot verify", "can't verify", "unable to verify", "cannot answer",
+    "can't answer", "cannot provide", "can't provide", "can't assist", "cannot assist", "can't help",
+    "cannot help", "no knowledge", "not familiar", "don't have access", "no record", "i'm afraid",
+]
+
+
+def _normalise_answer(text):
+    """Lower case, punctuation removed (replaced by spaces), whitespace collapsed. '1,000' -> '1000'."""
+    import unicodedata
+    text = unicodedata.normalize("NFKC", text or "").lower().replace("\u2019", "'")
+    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)
+    text = "".join(c if c.isalnum() else " " for c in text)
+    return " ".join(text.split())
+
+
+def is_refusal(text):
+    """True when the text contains a refusal / don't-know marker (case-insensitive, whole words)."""
+    t = f" {_normalise_answer(text)} "
+    return any(f" {_normalise_answer(m)} " in t for m in REFUSAL_MARKERS)
+
+
 if __name__ == "__main__":
     main()
