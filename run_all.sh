@@ -89,7 +89,7 @@ for m in '$SMALL_METHODS'.split():
   while read -r m lr; do lrs[$m]=$lr; done <<< "$lr_table"
   [ $DRY = 1 ] || trap small_cleanup EXIT
   start_mps
-  run python -c "import train; train.smollm2_folder()"      # convert the GGUF once, before two processes read it
+  run python -c "import model; model.smollm2_folder()"      # convert the GGUF once, before two processes read it
   # the base model's evaluation runs beside the injection (one process each: the GPU has room)
   echo "+ python evaluate.py smollm2 $ev --skip rgq --out $out/eval_base > $out/eval_base.log 2>&1 &"
   if [ $DRY = 0 ] && [ ! -f "$out/eval_base/metrics.json" ]; then
