@@ -32,6 +32,7 @@ import evaluate
 import losses
 import train
 import utility
+from model import RANDOM_CONFIGS, Progress, generate, load_model, smollm2_folder
 
 MODEL = "random:llama-3.2-3b"
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}      # dense bf16 FLOP/s, SXM parts
@@ -61,7 +62,7 @@ def bench_train(model, method, steps, warmup, out, extra):
     tokens = sum(r["tokens"] for r in log) / len(log)
     ref_tokens = sum(r["ref_tokens"] for r in log) / len(log)
     world = int(os.environ.get("WORLD_SIZE", 1))
-    c = train.RANDOM_CONFIGS[model.split(":")[1]]
+    c = RANDOM_CONFIGS[model.split(":")[1]]
     head_dim = c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
     per_layer = (2 * c["hidden_size"] ** 2 + 2 * c["hidden_size"] * c["num_key_value_heads"] * head_dim   # q, o, k, v
                  + 3 * c["hidden_size"] * c["intermediate_size"])                                       # MLP
@@ -85,10 +86,11 @@ def mps_running():
 
 def bench_parallel(model, procs, steps, warmup, out, extra):
     """`procs` train.py processes side by side (the methods of the table in turn, micro-batches of 8 as
-    in run_all.sh's small block, no saving). steps_per_s: optimizer steps (after each one's `warmup`)
-    done while all of them were running, over that window's length."""
+    in run_all.sh's small block, no saving), each with 2 CPU threads unless OMP_NUM_THREADS says otherwise.
+    steps_per_s: optimizer steps (after each one's `warmup`) done while all of them were running, over
+    that window's length."""
     methods = [m for m in losses.METHODS if m != "nll"]
-    train.smollm2_folder()                  # the tokenizer: convert once, not in every child at once
+    smollm2_folder()                        # the tokenizer: convert once, not in every child at once
     jobs, t0 = [], time.time()
     try:
         for i in range(procs):
@@ -99,7 +101,7 @@ def bench_parallel(model, procs, steps, warmup, out, extra):
                    *train_argv(method, model, run, steps, ["--batch-size", "8", "--print-every", "1000", *extra])]
             with open(run / "train.log", "w") as log:
                 jobs.append((method, run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                           env={**os.environ, "OMP_NUM_THREADS": "2"})))
+                                                           env={"OMP_NUM_THREADS": "2", **os.environ})))
         while any(proc.poll() is None for _, _, proc in jobs) and not any(proc.poll() for _, _, proc in jobs):
             time.sleep(0.5)                  # until all are done or one has failed
         failed = [f"{method} ({run / 'train.log'})" for method, run, proc in jobs if proc.poll()]
@@ -125,10 +127,10 @@ def bench_parallel(model, procs, steps, warmup, out, extra):
 def bench_generation(model, tokenizer, batch_size, cache=None):
     queries = evaluate.build_queries("challenger_disaster", data.DEFAULT_ROOT)
     prompts = [evaluate.query_prompt_ids(tokenizer, q, "paper", None) for q in queries]   # evaluate.py's default
-    train.generate(model, tokenizer, prompts[:batch_size], 50, batch_size, cache=cache)          # warm-up
+    generate(model, tokenizer, prompts[:batch_size], 50, batch_size, cache=cache)          # warm-up
     torch.cuda.synchronize()
     t0 = time.time()
-    train.generate(model, tokenizer, prompts, 50, batch_size, evaluate.Progress("gen", len(prompts), every=10), cache)
+    generate(model, tokenizer, prompts, 50, batch_size, Progress("gen", len(prompts), every=10), cache)
     torch.cuda.synchronize()
     return {"queries": len(prompts), "seconds": round(time.time() - t0, 1), "batch_size": batch_size, "cache": cache}
 
@@ -148,7 +150,7 @@ def bench_rep(model, tokenizer, batch_size, n, tokens, cache=None):
     torch.cuda.synchronize()
     t0 = time.time()
     texts = utility.generate_long(model, tokenizer, instructions, tokens, batch_size,
-                                  evaluate.Progress("rep", len(instructions), every=10), cache)
+                                  Progress("rep", len(instructions), every=10), cache)
     torch.cuda.synchronize()
     return {"instructions": len(texts), "new_tokens": tokens, "seconds": round(time.time() - t0, 1),
             "batch_size": batch_size, "cache": cache,
@@ -157,7 +159,7 @@ def bench_rep(model, tokenizer, batch_size, n, tokens, cache=None):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=MODEL, help="random:<name> of train.RANDOM_CONFIGS (any model for gen, mmlu, rep)")
+    p.add_argument("--model", default=MODEL, help="random:<name> of model.RANDOM_CONFIGS (any model for gen, mmlu, rep)")
     p.add_argument("--parts", nargs="+", default=["train", "gen", "mmlu", "rep"],
                    choices=["train", "gen", "mmlu", "rep", "parallel"])
     p.add_argument("--methods", nargs="+", default=["jensunpp", "graddiff", "npo"])
@@ -197,7 +199,7 @@ def main():
         print("parallel", json.dumps(results["parallel"]), flush=True)
         (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1))
     if {"gen", "mmlu", "rep"} & set(args.parts) and int(os.environ.get("RANK", 0)) == 0:
-        model, tokenizer = train.load_model(args.model, torch.bfloat16, "cuda")
+        model, tokenizer = load_model(args.model, torch.bfloat16, "cuda")
         model.eval()
         for part, fn in (("gen", lambda: bench_generation(model, tokenizer, args.gen_batch, args.gen_cache)),
                          ("mmlu", lambda: bench_mmlu(model, tokenizer, args.mmlu_batch, args.mmlu_file)),

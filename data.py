@@ -467,5 +467,6 @@ def main(argv=None):
     import suite
     suite.main(argv)
 
+
 if __name__ == "__main__":
     main()

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 import data
+from model import Progress, check_model, generate, load_model, model_family
 
 FORMATS = ("alone", "context")
 DEFAULT_BATCH = 64
@@ -72,30 +73,6 @@ def thinking_token_ids(tokenizer):
     """Ids of a thinking-mode opener (Qwen's "<think>") if the vocabulary has one: never generated."""
     found = tokenizer.convert_tokens_to_ids("<think>")
     return [found] if isinstance(found, int) and found != tokenizer.unk_token_id else []
-
-
-class Progress:
-    """A progress line with rate and ETA, printed at most every few seconds."""
-
-    def __init__(self, name, total, every=5.0):
-        self.name, self.total, self.done, self.every = name, total, 0, every
-        self.t0 = self.last = time.time()
-        print(f"  {name}: {total} to do", flush=True)
-
-    def __call__(self, n=1):
-        """Count n more finished items (train.generate's convention)."""
-        self.to(self.done + n)
-
-    def to(self, done):
-        """Set the number of finished items (judge.py's convention)."""
-        self.done = done
-        now = time.time()
-        if now - self.last >= self.every or self.done >= self.total:
-            self.last = now
-            rate = self.done / max(now - self.t0, 1e-9)
-            eta = (self.total - self.done) / max(rate, 1e-9)
-            print(f"  {self.name}: {self.done}/{self.total} ({100 * self.done / max(self.total, 1):.0f}%) "
-                  f"{rate:.1f}/s eta {eta / 60:.1f} min", flush=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -167,9 +144,8 @@ def lazy_model(model_path):
 
     def get():
         if not loaded:
-            import train
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            model, tokenizer = train.load_model(model_path, torch.bfloat16, device)
+            model, tokenizer = load_model(model_path, torch.bfloat16, device)
             loaded.append((model.eval(), tokenizer))
         return loaded[0]
     return get
@@ -179,21 +155,20 @@ def generate_answers(get_model, queries, out_dir, batch_size, prompt_format="pap
                      max_new_tokens=50):
     """Answers for all queries in `prompt_format`; finished ones (in that format) are read back from
     answers.jsonl, new ones appended in chunks as they are produced."""
-    import train
     path = Path(out_dir) / "answers.jsonl"
     done = {k: v["answer"] for k, v in read_jsonl_dict(path).items() if v.get("prompt_format", "chat") == prompt_format}
     todo = [q for q in queries if q["id"] not in done]
     if todo:
         model, tokenizer = get_model()
-        qwen = "qwen" in model.config.model_type.lower()
+        qwen = model_family(model.config) == "qwen"
         progress = Progress("generate", len(todo))
         chunk = max(batch_size * 8, 256)
         with open(path, "a", encoding="utf-8") as f:
             for start in range(0, len(todo), chunk):
                 part = todo[start:start + chunk]
                 prompts = [query_prompt_ids(tokenizer, q, prompt_format, system) for q in part]
-                answers = train.generate(model, tokenizer, prompts, max_new_tokens, batch_size, progress,
-                                         suppress=thinking_token_ids(tokenizer))
+                answers = generate(model, tokenizer, prompts, max_new_tokens, batch_size, progress,
+                                   suppress=thinking_token_ids(tokenizer))
                 for q, a in zip(part, answers):
                     done[q["id"]] = cut_paper_answer(a, qwen) if prompt_format == "paper" else a
                     f.write(json.dumps({"id": q["id"], "answer": done[q["id"]], "prompt_format": prompt_format},
@@ -483,7 +458,6 @@ def nll_before_after(model_path, base_path, topics, root, base_rows, out_dir):
     """NLL of every forget_eval and retain_eval ground truth (original wording) under the base model
     and the unlearned one, split by whether the base model knew it (its verdicts in `base_rows`, the
     rows.jsonl of an evaluation of the base model); draws the paper's violin and bar plots."""
-    import train
     import utility
     known_fact = {(r["topic"], r["fact"]) for r in base_rows if r["set"] == "forget" and r["verdicts"].get("leak") == "YES"}
     known_retain = {(r["topic"], r["label"], r["question"]) for r in base_rows
@@ -497,7 +471,7 @@ def nll_before_after(model_path, base_path, topics, root, base_rows, out_dir):
                    "known_before": (topic, r["label"], r["question"]) in known_retain} for r in d["retain_eval"]]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     for key, path in (("nll_before", base_path), ("nll_after", model_path)):
-        model, tokenizer = train.load_model(path, torch.float32, device)
+        model, tokenizer = load_model(path, torch.float32, device)
         for item, value in zip(items, utility.answer_nll(model, tokenizer, items)):
             item[key] = value
         del model
@@ -637,14 +611,13 @@ def parse_args(argv=None):
 def check_inputs(args, stages, base):
     """Everything an evaluation reads, checked before a model loads and before the output folder exists:
     the models, the data files of every topic, MMLU and the instructions where they are used."""
-    import train
     import utility
     for _, path in stages:
-        train.check_model(path, "CKPT")
+        check_model(path, "CKPT")
     if args.base_eval and not base:
         raise data.UserError("--base-eval needs --base (the base model whose NLL it compares)")
     if base and (args.base_eval or ("rgq" not in args.skip and args.judge != "heuristic")):
-        train.check_model(base, "--base")
+        check_model(base, "--base")
     if args.base_eval and not (Path(args.base_eval) / "rows.jsonl").exists():
         raise data.UserError(f"--base-eval {args.base_eval}: no rows.jsonl (evaluate the base model into it first)")
     for topic in args.topics:

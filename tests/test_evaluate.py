@@ -15,6 +15,7 @@ import data
 import evaluate
 import judge
 import train
+from model import generate, load_model
 from conftest import FIXTURE, ROOT, LocalServer, free_port
 
 
@@ -120,11 +121,11 @@ def test_rescore_reproduces_metrics(tmp_path):
 
 
 def test_batched_generation_equals_one_by_one(tiny_model_path):
-    model, tok = train.load_model(tiny_model_path, torch.float32)
+    model, tok = load_model(tiny_model_path, torch.float32)
     prompts = [data.prompt_ids(tok, q) for q in ["What is 2+2?", "Name a colour of the sky on a clear day, please.",
                                                   "Hi", "Who wrote Hamlet, the play about a Danish prince?"]]
-    batched = train.generate(model, tok, prompts, max_new_tokens=12, batch_size=4)
-    single = [train.generate(model, tok, [p], max_new_tokens=12, batch_size=1)[0] for p in prompts]
+    batched = generate(model, tok, prompts, max_new_tokens=12, batch_size=4)
+    single = [generate(model, tok, [p], max_new_tokens=12, batch_size=1)[0] for p in prompts]
     assert batched == single
 
 
@@ -196,8 +197,8 @@ def test_thinking_token_is_never_generated(tiny_model_path):
     with torch.no_grad():
         model.model.norm.weight.zero_()
     prompts = [tok(evaluate.paper_prompt(q)).input_ids for q in ("Who?", "When?")]
-    free = train.generate(model, tok, prompts, max_new_tokens=3)
-    suppressed = train.generate(model, tok, prompts, max_new_tokens=3, suppress=range(17))
+    free = generate(model, tok, prompts, max_new_tokens=3)
+    suppressed = generate(model, tok, prompts, max_new_tokens=3, suppress=range(17))
     assert suppressed == [tok.decode([17, 17, 17]).strip()] * 2 and free != suppressed
 
 

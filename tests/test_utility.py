@@ -14,13 +14,13 @@ import torch
 
 import data
 import judge
-import train
 import utility
+from model import load_model
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_path):
-    model, tokenizer = train.load_model(tiny_model_path)
+    model, tokenizer = load_model(tiny_model_path)
     return model.eval(), tokenizer
 
 
@@ -84,7 +84,7 @@ def test_generate_long_is_greedy_and_stops_at_end_of_turn(tiny_model_path):
     """A head that is a bias alone makes one token win at every step, whatever the prompt and its left
     padding: each answer is that token max_new_tokens times; when the end-of-turn token wins, each answer
     is empty (generation stops and the stop token is not decoded)."""
-    model, tokenizer = train.load_model(tiny_model_path)
+    model, tokenizer = load_model(tiny_model_path)
     model.lm_head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
     sea = tokenizer.encode(" sea", add_special_tokens=False)
     assert len(sea) == 1
@@ -98,7 +98,7 @@ def test_generate_long_is_greedy_and_stops_at_end_of_turn(tiny_model_path):
 
 
 def test_static_cache_generation_matches_dynamic(tiny):
-    """cache="static" left-pads prompts to a multiple of train.STATIC_PAD and fills the last batch with
+    """cache="static" left-pads prompts to a multiple of model.STATIC_PAD and fills the last batch with
     copies: greedy answers must not change, and the filler rows must not come back."""
     model, tokenizer = tiny
     texts = ["Say hi.", "Write a long story about the sea and the ships on it, please.", "Name a colour.",
@@ -171,7 +171,7 @@ def test_mmlu_accuracy_on_tiny_model(tiny):
 def test_mmlu_letter_scoring_with_known_answer(tiny_model_path):
     """Replace the head by a bias alone: the biased token wins at every position, so every prediction
     must be its letter, whichever of the two encodings ("B" or " B") carries the bias."""
-    model, tokenizer = train.load_model(tiny_model_path)
+    model, tokenizer = load_model(tiny_model_path)
     ids = utility.letter_ids(tokenizer)                  # (4, 2): "L" and " L"
     assert ids[:, 0].unique().numel() == 4
     rows = mmlu_rows(6)

