@@ -32,7 +32,7 @@ def entry(arg):
     metrics = json.loads((folder / "metrics.json").read_text())
     run = metrics.get("run") or {}
     return {"label": label or run.get("method") or folder.name, "dir": folder, "metrics": metrics, "run": run,
-            "method": run.get("method"), "lr": run.get("lr"), "alpha": alpha_range(run)}
+            "method": run.get("method"), "lr": run.get("lr"), "alpha": alpha_range(run), "named": bool(label)}
 
 
 def alpha_range(run):
@@ -89,23 +89,25 @@ def header(entries, title):
 
 
 def sweep_table(args):
-    """The paper-layout table: entries without a train.py method (base, injected) first, then each
-    method's selected run; below it every run of each sweep (selected marked *), and example answers
-    of the table's rows. OUT.selected lists the selected evaluation folders, one per line."""
+    """The paper-layout table: named entries (NAME=EVAL_DIR: base, injected) first, each a row of its own,
+    then each method's selected run among the unnamed ones; below it every run of each sweep (selected
+    marked *), and example answers of the table's rows. OUT.selected lists the selected evaluation
+    folders, one per line."""
     entries = [entry(a) for a in args.evals]
-    methods = list(dict.fromkeys(e["method"] for e in entries if e["method"]))
-    chosen = {m: select([e for e in entries if e["method"] == m]) for m in methods}
-    main = [e for e in entries if not e["method"]] + [chosen[m][0] for m in methods]
+    swept = [e for e in entries if e["method"] and not e["named"]]
+    methods = list(dict.fromkeys(e["method"] for e in swept))
+    chosen = {m: select([e for e in swept if e["method"] == m]) for m in methods}
+    main = [e for e in entries if e not in swept] + [chosen[m][0] for m in methods]
     lines = header(entries, "Results") + [row(e) for e in main]
     unmet = [m for m in methods if not chosen[m][1]]
     if unmet:
         lines += ["", f"No run of {', '.join(unmet)} met the rule (Q_All <= {MAX_Q_ALL:g} and Gib <= {MAX_GIB:g}): "
                   "shown is the best Retain - Q_All - Gib."]
-    if any(sum(e["method"] == m for e in entries) > 1 for m in methods):
+    if any(sum(e["method"] == m for e in swept) > 1 for m in methods):
         lines += ["", f"## Sweeps (selected, marked *: among runs with Q_All <= {MAX_Q_ALL:g} and Gib <= {MAX_GIB:g} "
                   "the highest Retain; if none, the highest Retain - Q_All - Gib)", ""] + header(entries, "")[4:]
         for m in methods:
-            runs = sorted((e for e in entries if e["method"] == m),
+            runs = sorted((e for e in swept if e["method"] == m),
                           key=lambda e: (e["lr"] or 0, e["run"].get("lambda_f") or 0, e["run"].get("lambda_r") or 0))
             lines += [row(e, " *" if e is chosen[m][0] else "") for e in runs]
     lines += example_answers(main, args.examples)

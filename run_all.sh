@@ -26,7 +26,9 @@ QWEN=${QWEN:-Qwen/Qwen3.5-9B}
 METHODS_ALL="graddiff jensun npo pdu rmu satimp simnpo undial wga jensunpp dpo ga"
 METHODS_TOP5="graddiff jensun npo pdu jensunpp"        # the five methods of the multi-model tables
 SMALL_METHODS=${SMALL_METHODS:-$METHODS_ALL}            # block small: the methods to unlearn with
-JOBS=${JOBS:-5}        # block small: methods at a time, each training its learning rates side by side
+# block small: methods at a time, each training its learning rates (or loss factors) side by side; 5 x 3
+# trainings at micro-batch 8 (about 5 GB each) plus evaluations ran out of an H100's 80 GB.
+JOBS=${JOBS:-3}
 SMALL_LR_FACTORS=${SMALL_LR_FACTORS:-"3 10 30"}         # block small: multiples of each method's Llama LR
 SMALL_PARTS=${SMALL_PARTS:-"inject sweep lambda seq"}    # block small: the parts to run, in order (resumable)
 SMALL_SEQ_METHODS=${SMALL_SEQ_METHODS:-"jensunpp npo graddiff"}   # block small: sequential, joint, relearning

@@ -39,6 +39,7 @@ def test_selection_rule_and_sweep_table(tmp_path, capsys):
     columns; the selected folders go to OUT.selected, and `flags` gives their train.py flags."""
     e = lambda name, *a, **k: write_eval(tmp_path / name / "eval" / "final", *a, **k)
     evals = [f"base={e('base', 100.0, 80.0, answer='In 1986.')}",
+             f"injected={e('injected', 100.0, 90.0, run=run_info('nll', 1e-4))}",    # named: a row of its own
              e("npo-a", 12.0, 75.0, run=run_info("npo", 1e-5)),                  # forgets too little
              e("npo-b", 8.0, 60.0, gib=6.0, run=run_info("npo", 3e-5)),          # gibberish
              e("npo-c", 4.0, 55.0, answer="I don't know.", run=run_info("npo", 1e-4)),   # selected
@@ -51,7 +52,8 @@ def test_selection_rule_and_sweep_table(tmp_path, capsys):
     text = out.read_text()
     main = text.split("## Sweeps")[0]
     assert "Judge: heuristic (approximate); prompt format: chat" in main
-    assert "| base |  |  |  |  | 0.0 | 0.0 | 100.0 |" in main
+    assert "| base |  |  |  |  | 0.0 | 0.0 | 100.0 |" in main and "| injected | 0.0001 | 1 | 1 |  |" in main
+    assert "nll" not in text
     assert "| npo | 0.0001 | 1 | 1 |  | 0.0 | 0.0 | 4.0 | 0.0 | 0.0 | 55.0 |" in main
     assert "| ga | 3e-05 | 1 | 1 |  | 0.0 | 0.0 | 60.0 |" in main
     assert "| jensunpp | 3e-06 | 0.33 | 1 | 0.25-0.75-2.5 |" in main
