@@ -5,6 +5,7 @@ live in suite.py and run from here:
     python data.py validate [--topic T] [--data-root data/suite] [--strict | --no-strict] [--partial]
     python data.py build --topic T
     python data.py stats [--topic T] --data-root data/suite [--data-root PATH2]   # side by side
+    python data.py generate --topic-name "..." --topic NAME --llm-url URL         # a new topic (generate.py)
 
 Layout and counts: data/SUITE_FORMAT.md; our source format: data/README.md.
 """
@@ -129,6 +130,24 @@ def topic_paths(root, topic):
     paths = {name: final / f"{name}.json" for name in FINAL_FILES}
     paths["adversarial"] = root / "adversarial_questions" / f"{topic}_adv.json"
     return paths
+
+
+def topics_in(root):
+    """The topics of a SUITE root: its folders with a final/ folder, the paper's four first (in their
+    sequential order), then any other (a topic made with `data.py generate`) by name."""
+    found = {p.parent.name for p in Path(root).glob("*/final") if p.is_dir()}
+    return [t for t in TOPICS if t in found] + sorted(found - set(TOPICS))
+
+
+def check_topics(names, root):
+    """The topic folders a run names, `all` meaning the paper's four (TOPICS); an unknown name is a
+    UserError listing the topics of the root."""
+    topics = TOPICS if list(names) == ["all"] else list(names)
+    present = topics_in(root)
+    for t in topics:
+        if t not in present:
+            raise UserError(f"--topics {t}: no such topic in {root}; choose from {', '.join(present) or '(none)'} or all")
+    return topics
 
 
 def load_topic(topic, root=DEFAULT_ROOT):
@@ -462,8 +481,14 @@ def is_refusal(text):
 
 
 def main(argv=None):
-    """`python data.py validate | build | stats`: the release tooling, in suite.py (imported here only,
-    so that training never loads it)."""
+    """`python data.py validate | build | stats`: the release tooling, in suite.py; `python data.py
+    generate`: a new topic written by a model, in generate.py (imported here only, so that training
+    never loads them)."""
+    import sys
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["generate"]:
+        import generate
+        return generate.main(argv[1:])
     import suite
     suite.main(argv)
 

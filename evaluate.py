@@ -598,13 +598,12 @@ def parse_args(argv=None):
     if args.long_cache is None:
         args.long_cache = "static" if torch.cuda.is_available() else "dynamic"
     args.long_cache = None if args.long_cache == "dynamic" else args.long_cache
-    for topic in args.topics:
-        if topic not in data.TOPICS + ["all"]:
-            raise data.UserError(f"--topics {topic}: unknown topic; choose from {', '.join(data.TOPICS)} or all")
     if args.topics == ["all"]:
         args.topics = [t for t in data.TOPICS if (Path(args.data_root) / t).exists()]
         if not args.topics and args.ckpt:
             raise data.UserError(f"--data-root {args.data_root}: no SUITE topic folder in it")
+    else:
+        args.topics = data.check_topics(args.topics, args.data_root)
     return args
 
 

@@ -128,8 +128,12 @@ def parse(kind, text):
 # ----------------------------------------------------------------------------------------------
 # HTTP judge: any OpenAI-compatible chat-completions server
 
-class JudgeUnavailable(RuntimeError):
-    """The judge server cannot be reached or refuses our requests."""
+class ServerUnavailable(RuntimeError):
+    """A model server (the judge, or the writer of `data.py generate`) cannot be reached or refuses our
+    requests."""
+
+
+JudgeUnavailable = ServerUnavailable   # the name evaluate.py and the judge's callers catch
 
 
 class _Cache:
@@ -166,36 +170,32 @@ def cache_key(kind, model, msgs):
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
-class HTTPJudge:
-    """Client for an OpenAI-compatible /chat/completions endpoint (vLLM, SGLang, transformers serve).
+class ChatClient:
+    """Client for an OpenAI-compatible /chat/completions endpoint (vLLM, SGLang, transformers serve),
+    shared by the judge and by `data.py generate` (`role` names it in errors).
 
-    Temperature 0. Thinking is switched off with chat_template_kwargs={"enable_thinking": false} (vLLM,
-    SGLang and transformers serve accept it; for a server that rejects unknown fields pass
-    no_thinking=False). Transport failures (timeouts, refused or reset connections, HTTP 429/5xx) are
-    retried with exponential backoff; a reply that does not parse is asked again up to parse_retries
-    times and then recorded as INVALID, which is not cached so that a later run asks again.
+    Thinking is switched off with chat_template_kwargs={"enable_thinking": false} (vLLM, SGLang and
+    transformers serve accept it; for a server that rejects unknown fields pass no_thinking=False).
+    Transport failures (timeouts, refused or reset connections, HTTP 429/5xx) are retried with
+    exponential backoff, max_retries times; then ServerUnavailable. The API key comes only from the
+    environment variable named by api_key_env, never from the command line.
     """
 
-    def __init__(self, url="http://127.0.0.1:8000/v1", model=None, api_key_env="JUDGE_API_KEY", concurrency=16,
-                 timeout=60, max_tokens=16, rgq_max_tokens=200, parse_retries=2, max_retries=6, backoff=1.0,
-                 cache_path=None, no_thinking=True, check=True):
+    def __init__(self, url="http://127.0.0.1:8000/v1", model=None, api_key_env="JUDGE_API_KEY", timeout=60,
+                 max_retries=6, backoff=1.0, no_thinking=True, check=True, role="judge"):
         self.url = url.rstrip("/")
-        self.model = model
-        self.api_key = os.environ.get(api_key_env) if api_key_env else None  # never from the command line
-        self.concurrency, self.timeout = concurrency, timeout
-        self.max_tokens, self.rgq_max_tokens = max_tokens, rgq_max_tokens
-        self.parse_retries, self.max_retries, self.backoff = parse_retries, max_retries, backoff
+        self.model, self.role, self.api_key_env = model, role, api_key_env
+        self.api_key = os.environ.get(api_key_env) if api_key_env else None
+        self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
         self.no_thinking = no_thinking
         self.requests = 0        # HTTP requests sent (tests and logs read these counters)
         self.transport_errors = 0
-        self.cache_hits = 0
         self._lock = threading.Lock()
         self._local = threading.local()
         if check:
-            self.check()         # before the cache file exists: a judge that is not there leaves nothing behind
+            self.check()
         if self.model is None:
-            raise ValueError("HTTPJudge needs model= (or check=True to take the one the server lists)")
-        self.cache = _Cache(DEFAULT_CACHE if cache_path is None else cache_path)
+            raise ValueError(f"{type(self).__name__} needs model= (or check=True to take the one the server lists)")
 
     @property
     def label(self):
@@ -215,27 +215,35 @@ class HTTPJudge:
     def check(self):
         """Fail fast, in one line, when no server answers at self.url; pick the served model if unset."""
         hint = ("start one, e.g. `transformers serve <model folder> --port 8000` or "
-                "`vllm serve Qwen/Qwen3.5-35B-A3B --port 8000`, or use the heuristic judge")
+                "`vllm serve Qwen/Qwen3.5-35B-A3B --port 8000`")
+        hint += ", or use the heuristic judge" if self.role == "judge" else ""
         try:
             r = requests.get(f"{self.url}/models", headers=self._headers(), timeout=min(self.timeout, 10))
         except requests.RequestException as e:
-            raise JudgeUnavailable(f"no judge server answers at {self.url} ({type(e).__name__}): {hint}") from None
+            raise ServerUnavailable(f"no {self.role} server answers at {self.url} ({type(e).__name__}): {hint}") from None
         if r.status_code in (401, 403):
-            raise JudgeUnavailable(f"judge server at {self.url} refused the API key (HTTP {r.status_code}): "
-                                   "set the environment variable that holds it (default JUDGE_API_KEY)")
+            raise ServerUnavailable(f"{self.role} server at {self.url} refused the API key (HTTP {r.status_code}): "
+                                    f"set the environment variable that holds it ({self.api_key_env})")
         if r.status_code != 200:
-            raise JudgeUnavailable(f"judge server at {self.url} answered HTTP {r.status_code} on /models: {hint}")
+            raise ServerUnavailable(f"{self.role} server at {self.url} answered HTTP {r.status_code} on /models: {hint}")
         if self.model is None:
             try:
                 served = [m.get("id") for m in r.json().get("data", [])]
             except (ValueError, AttributeError, TypeError):
                 served = []
             if not served:
-                raise JudgeUnavailable(f"judge server at {self.url} lists no model on /models: pass the model name")
+                raise ServerUnavailable(f"{self.role} server at {self.url} lists no model on /models: pass the model name")
             self.model = served[0]
 
+    def chat(self, messages, max_tokens, temperature=0.0):
+        """One chat completion with transport retries; returns (text, finish_reason), (None, None) for a
+        body that is not a completion."""
+        body = {"model": self.model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens}
+        if self.no_thinking:
+            body["chat_template_kwargs"] = {"enable_thinking": False}
+        return self._post(body)
+
     def _post(self, body):
-        """One chat completion with transport retries; returns (text, finish_reason)."""
         for attempt in range(self.max_retries + 1):
             with self._lock:
                 self.requests += 1
@@ -249,29 +257,44 @@ class HTTPJudge:
                     self.transport_errors += 1
                 self._local.__dict__.pop("session", None)  # a dead server: drop its pooled connections
                 if attempt == self.max_retries:
-                    raise JudgeUnavailable(f"judge server at {self.url} failed {attempt + 1} times in a row "
-                                           f"({e}); verdicts so far are cached, rerun to resume") from None
+                    raise ServerUnavailable(f"{self.role} server at {self.url} failed {attempt + 1} times in a row "
+                                            f"({e}); what is done so far is cached, rerun to resume") from None
                 time.sleep(min(self.backoff * 2 ** attempt, 30.0))
                 continue
             if r.status_code != 200:  # 4xx: our request is wrong (model name, fields); retrying won't help
                 extra = " (if it rejects chat_template_kwargs, pass no_thinking=False)" if self.no_thinking else ""
-                raise JudgeUnavailable(f"judge server at {self.url} answered HTTP {r.status_code}: "
-                                       f"{' '.join(r.text[:300].split())}{extra}")
+                raise ServerUnavailable(f"{self.role} server at {self.url} answered HTTP {r.status_code}: "
+                                        f"{' '.join(r.text[:300].split())}{extra}")
             try:
                 choice = r.json()["choices"][0]
                 return choice["message"].get("content") or "", choice.get("finish_reason")
             except (ValueError, KeyError, IndexError, TypeError, AttributeError):
                 return None, None  # malformed body: counts as an unparseable reply
 
+
+class HTTPJudge(ChatClient):
+    """The judge over HTTP (ChatClient): temperature 0, thinking off; a reply that does not parse is
+    asked again up to parse_retries times and then recorded as INVALID, which is not cached so that a
+    later run asks again.
+    """
+
+    def __init__(self, url="http://127.0.0.1:8000/v1", model=None, api_key_env="JUDGE_API_KEY", concurrency=16,
+                 timeout=60, max_tokens=16, rgq_max_tokens=200, parse_retries=2, max_retries=6, backoff=1.0,
+                 cache_path=None, no_thinking=True, check=True):
+        # check() runs before the cache file exists: a judge that is not there leaves nothing behind
+        super().__init__(url, model, api_key_env, timeout, max_retries, backoff, no_thinking, check)
+        self.concurrency = concurrency
+        self.max_tokens, self.rgq_max_tokens = max_tokens, rgq_max_tokens
+        self.parse_retries = parse_retries
+        self.cache_hits = 0
+        self.cache = _Cache(DEFAULT_CACHE if cache_path is None else cache_path)
+
     def _judge_one(self, kind, msgs):
         """Ask until the reply parses (1 + parse_retries tries). Returns (verdict or INVALID, raw text)."""
         max_tokens = self.rgq_max_tokens if kind == "rgq" else self.max_tokens
         text = None
         for _ in range(1 + self.parse_retries):
-            body = {"model": self.model, "messages": msgs, "temperature": 0, "max_tokens": max_tokens}
-            if self.no_thinking:
-                body["chat_template_kwargs"] = {"enable_thinking": False}
-            text, finish = self._post(body)
+            text, finish = self.chat(msgs, max_tokens)
             verdict = parse(kind, text)
             if verdict is not None:
                 return verdict, text

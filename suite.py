@@ -17,9 +17,9 @@ import re
 import sys
 from pathlib import Path
 
-from data import (ADV_VARIANTS, BLANK, DEFAULT_ROOT, EVAL_VARIANTS, FINAL_FILES, HERE, TOPICS, TRAIN_VARIANTS,
-                  DataError, category, fact_of, load_pools, load_topic, normalise, read_json_array, read_jsonl,
-                  topic_paths)
+from data import (ADV_VARIANTS, BLANK, DEFAULT_ROOT, EVAL_VARIANTS, FINAL_FILES, HERE, TRAIN_VARIANTS, DataError,
+                  category, fact_of, load_pools, load_topic, normalise, read_json_array, read_jsonl, topic_paths,
+                  topics_in)
 
 SOURCE_ROOT = HERE / "data" / "source"
 
@@ -765,7 +765,7 @@ def release_stats(topic, root=DEFAULT_ROOT):
 def stats(roots, topics=None):
     """The measures of release_stats for one or more SUITE roots, side by side (one column a root)."""
     roots = [Path(r) for r in ([roots] if isinstance(roots, (str, Path)) else roots)]
-    topics = topics or [t for t in TOPICS if all((r / t).exists() for r in roots)]
+    topics = topics or [t for t in topics_in(roots[0]) if all(t in topics_in(r) for r in roots)]
     if not topics:
         raise DataError(roots[0], None, None, "no SUITE topic folder is present in every root given")
     blocks = []
@@ -806,7 +806,7 @@ def main(argv=None):
         print(stats(args.data_root or [DEFAULT_ROOT], args.topic))
         return
     root = Path(args.data_root)
-    topics = args.topic or [t for t in TOPICS if (root / t).exists()]
+    topics = args.topic or topics_in(root)
     if not topics:
         sys.exit(f"{root}: no SUITE topic folder found")
     strict = is_our_release(root) if args.strict is None else args.strict

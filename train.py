@@ -284,10 +284,7 @@ def step_micro_batches(order, step_in_epoch, global_batch, batch_size, rank, wor
 
 
 def stages_for(args):
-    topics = data.TOPICS if args.topics == ["all"] else args.topics
-    for t in topics:
-        if t not in data.TOPICS:
-            raise data.UserError(f"--topics {t}: unknown topic; choose from {', '.join(data.TOPICS)} or all")
+    topics = data.check_topics(args.topics, args.data_root)
     if args.mode == "single":
         if len(topics) != 1:
             raise data.UserError("--mode single takes exactly one topic; use sequential or joint for several")

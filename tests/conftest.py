@@ -1,13 +1,17 @@
 """Shared fixtures: a tiny random Llama-style model (built from a config, no download) with the
 SmolLM2 tokenizer and chat template, and the small SUITE fixture in the official layout."""
 import http.server
+import os
 import shutil
 import socket
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
+import requests
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,3 +87,59 @@ def two_topic_root(fixture_root):
     shutil.copy(fixture_root / "adversarial_questions" / "challenger_disaster_adv.json",
                 fixture_root / "adversarial_questions" / "salem_witch_trials_adv.json")
     return fixture_root
+
+
+# ----------------------------------------------------------------------------------------------
+# A real server: transformers serve of SmolLM2-135M-Instruct on CPU (shared by test_judge and test_generate)
+
+class Server:
+    """`transformers serve FOLDER` on a local port, started and stopped (abruptly) by the tests."""
+
+    def __init__(self, folder, port, log):
+        exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
+        self.cmd = [exe, "serve", str(folder), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+                    "--dtype", "bfloat16"]
+        self.url, self.log, self.proc = f"http://127.0.0.1:{port}", log, None
+
+    def start(self, timeout=60):
+        # One OpenMP thread: on a shared 2-core machine, two threads next to another busy process run
+        # about 20x slower (each request waits for a thread that is not scheduled).
+        env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                if requests.get(self.url + "/health", timeout=1).status_code == 200:
+                    return True
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        return False
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()  # abrupt on purpose: requests in flight see a reset connection
+            self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(tmp_path_factory):
+    """`transformers serve` of the SmolLM2 folder on CPU, for the tests of real HTTP clients (judge, generate);
+    skips cleanly where transformers[serving] or the model is missing."""
+    exe = shutil.which("transformers") or Path(sys.executable).parent / "transformers"
+    if not Path(exe).exists():
+        pytest.skip("`transformers serve` is not installed (pip install 'transformers[serving]')")
+    try:
+        from model import smollm2_folder
+        folder = smollm2_folder()
+    except (ImportError, SystemExit, OSError) as e:
+        pytest.skip(f"no SmolLM2 folder to serve: {e}")
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    srv = Server(folder, free_port(), log)
+    if not srv.start():
+        srv.stop()
+        pytest.skip(f"transformers serve did not start within 60 s: {log.read_text()[-500:]}")
+    yield srv
+    srv.stop()

@@ -354,7 +354,7 @@ def test_bad_input_is_one_line_and_leaves_no_folder(tiny_model_path, tmp_path, f
               tmp_path / "empty" / "eval"),
              (["no/such/model/folder"], "CKPT no/such/model/folder: no such folder", tmp_path / "runs"),
              (["someone/no-such-model"], "not in the Hugging Face cache (HF_HUB_OFFLINE is set)", tmp_path / "runs"),
-             ([tiny_model_path, "--topics", "no_such_topic", "--out", str(out)], "--topics no_such_topic: unknown topic", out),
+             ([tiny_model_path, "--topics", "no_such_topic", "--out", str(out)], "--topics no_such_topic: no such topic in", out),
              ([tiny_model_path, "--data-root", str(fixture_root), "--out", str(out)], f"{bad_file}:4: not valid JSON", out),
              ([tiny_model_path, "--judge", "http", "--judge-url", dead, "--out", str(out)],
               f"no judge server answers at {dead}", out),

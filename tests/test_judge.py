@@ -10,16 +10,11 @@ check the protocol, the cache and the retries, not the quality of its verdicts.
 """
 import http.server
 import json
-import os
-import shutil
 import sqlite3
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import judge  # noqa: E402
@@ -510,63 +505,14 @@ def test_judge_failing_seven_times_in_a_row_is_one_clear_error(tmp_path):
 # server and the four tests take about 35 s together on a 2-core machine (the scripted server above covers
 # the same protocol in about 3 s).
 
-class Server:
-    def __init__(self, folder, port, log):
-        exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
-        self.cmd = [exe, "serve", str(folder), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-                    "--dtype", "bfloat16"]
-        self.url, self.log, self.proc = f"http://127.0.0.1:{port}", log, None
-
-    def start(self, timeout=60):
-        # One OpenMP thread: on a shared 2-core machine, two threads next to another busy process run
-        # about 20x slower (each request waits for a thread that is not scheduled).
-        env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            try:
-                if requests.get(self.url + "/health", timeout=1).status_code == 200:
-                    return True
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        return False
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()  # abrupt on purpose: requests in flight see a reset connection
-            self.proc.wait()
-
-
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    exe = shutil.which("transformers") or Path(sys.executable).parent / "transformers"
-    if not Path(exe).exists():
-        pytest.skip("`transformers serve` is not installed (pip install 'transformers[serving]')")
-    try:
-        from model import smollm2_folder
-        folder = smollm2_folder()
-    except (ImportError, SystemExit, OSError) as e:
-        pytest.skip(f"no SmolLM2 folder to serve: {e}")
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    srv = Server(folder, free_port(), log)
-    if not srv.start():
-        srv.stop()
-        pytest.skip(f"transformers serve did not start within 60 s: {log.read_text()[-500:]}")
-    yield srv
-    srv.stop()
-
-
 # The 135M model answers plain YES to these (a valid, cacheable verdict); other items may be INVALID.
 EASY = [{"question": "Is this gibberish? Reply YES or NO.", "ground_truth": "yes", "answer": a}
         for a in ["asdf qwer zxcv", "Yes.", "YES", "NO", "maybe", "blue sky"]]
 
 
 @pytest.mark.slow
-def test_server_protocol(server, tmp_path):
-    j = HTTPJudge(server.url + "/v1", cache_path=tmp_path / "c.sqlite", concurrency=2, parse_retries=0,
+def test_server_protocol(smollm2_server, tmp_path):
+    j = HTTPJudge(smollm2_server.url + "/v1", cache_path=tmp_path / "c.sqlite", concurrency=2, parse_retries=0,
                   rgq_max_tokens=16, timeout=120)
     assert "smollm2" in j.label
     seen = []
@@ -580,28 +526,28 @@ def test_server_protocol(server, tmp_path):
 
 
 @pytest.mark.slow
-def test_server_cache_rerun(server, tmp_path):
+def test_server_cache_rerun(smollm2_server, tmp_path):
     path = tmp_path / "c.sqlite"
     items = EASY[:2] + EASY[:2]  # duplicates are asked once
-    first = HTTPJudge(server.url + "/v1", cache_path=path, concurrency=2, parse_retries=0, timeout=120)
+    first = HTTPJudge(smollm2_server.url + "/v1", cache_path=path, concurrency=2, parse_retries=0, timeout=120)
     a = first.verdicts("gibberish", items)
     assert a[:2] == a[2:] and first.requests == 2 and "INVALID" not in a
-    second = HTTPJudge(server.url + "/v1", cache_path=path, concurrency=2, parse_retries=0)
+    second = HTTPJudge(smollm2_server.url + "/v1", cache_path=path, concurrency=2, parse_retries=0)
     seen = []
     assert second.verdicts("gibberish", items, progress=seen.append) == a
     assert second.requests == 0 and second.cache_hits == 4 and seen == [4]
 
 
 @pytest.mark.slow
-def test_server_restart_mid_run(server, tmp_path):
-    j = HTTPJudge(server.url + "/v1", cache_path=tmp_path / "c.sqlite", concurrency=2, parse_retries=0,
+def test_server_restart_mid_run(smollm2_server, tmp_path):
+    j = HTTPJudge(smollm2_server.url + "/v1", cache_path=tmp_path / "c.sqlite", concurrency=2, parse_retries=0,
                   backoff=0.01, max_retries=14, timeout=120)  # retries every ~2^k/100 s: soon after the restart
     restarted = []
 
     def progress(done):  # after the first verdict, kill the server while the other worker is busy
         if done >= 1 and not restarted:
-            server.stop()
-            restarted.append((done, server.start()))
+            smollm2_server.stop()
+            restarted.append((done, smollm2_server.start()))
 
     out = j.verdicts("gibberish", EASY, progress=progress)
     assert len(restarted) == 1 and restarted[0][0] < len(EASY) and restarted[0][1]
@@ -611,14 +557,14 @@ def test_server_restart_mid_run(server, tmp_path):
 
 
 @pytest.mark.slow
-def test_server_agree(server, tmp_path, capsys):
+def test_server_agree(smollm2_server, tmp_path, capsys):
     """`judge.py agree --judge http` with the real server in the loop: each reference verdict is asked again
     (through the cache), the table counts every row, and the reference metrics come from evaluate.py."""
     easy = dict(judged_rows()[0], id="t|forget|K1-direct|easy|alone", verdicts={"gibberish": "YES"}, **EASY[0])
     rows = [easy, judged_rows()[5]]               # gibberish on one forget row (the short rubric), knows on one retain
     path = write_rows(tmp_path / "rows.jsonl", rows)
     cache = tmp_path / "c.sqlite"
-    judge.main(["agree", str(path), "--judge", "http", "--judge-url", server.url + "/v1", "--cache", str(cache),
+    judge.main(["agree", str(path), "--judge", "http", "--judge-url", smollm2_server.url + "/v1", "--cache", str(cache),
                 "--judge-concurrency", "2", "--show", "5"])
     out = capsys.readouterr().out
     assert "new judge: smollm2" in out.lower() and "reference judge: reference judge" in out

@@ -532,7 +532,7 @@ def test_bad_input_is_one_line_and_leaves_no_run_folder(tiny_model_path, tmp_pat
              (["--model", str(tmp_path / "empty")], "not a Hugging Face model folder (no config.json"),
              (["--model", "someone/no-such-model"], "--model someone/no-such-model: no such local folder, and not in the "
                                                     "Hugging Face cache (HF_HUB_OFFLINE is set)"),
-             (["--topics", "no_such_topic"], "--topics no_such_topic: unknown topic"),
+             (["--topics", "no_such_topic"], "--topics no_such_topic: no such topic in"),
              (["--lr", "-1"], "--lr -1.0: must be a number > 0"),
              (["--max-steps", "0"], "--max-steps 0: must be >= 1"),
              (["--max-steps", "-3"], "--max-steps -3: must be >= 1")]
