@@ -827,7 +827,7 @@ def gives_answer(answer, ground_truth, aliases=(), question="", forget=False):
 
 # --- Gibberish (the gibberish rubric: repetition loops, mangled tokens; a refusal is not gibberish)
 
-_STUTTER = re.compile(r"(.)\1{7,}|(.{2,4})\2{3,}")     # one character 8+ times, or a 2-4 character chunk 4+ times
+_STUTTER = re.compile(r"(.)\1{7,}|(.{2,4})\2{3,}|(.{5,10})\3{2,}")  # one character 8+ times, a 2-4 character chunk 4+ times, a 5-10 character chunk 3+ times ("astrousastrousastrous")
 _WORD = re.compile(r"^[^\W_]+([-'./:,%][^\W_]+)*%?$")
 _LATIN = re.compile(r"^[a-z]+$")
 

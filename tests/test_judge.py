@@ -265,6 +265,8 @@ def test_rule_refusals_keep_rubric_asymmetry():
     ("nonononononono", "YES"),
     ("ernessjoyjoyjoyjoyjoycumin", "YES"),                  # seen from an unlearned SmolLM2 (run_all small)
     ("Rogan4th3r3r3r3r3r3r3r", "YES"),
+    ("astrous" * 20, "YES"),                                 # gradient ascent on SmolLM2 (RESULTS.md): a 7-letter chunk
+    ("Counterrevolutionaries unrecognisable hahaha", "NO"),
     ("TTTTTTTTTTTTTTTTTTTTTBTTTT research", "YES"),
     ("The budget was $1,000,000,000,000 in 1986.", "NO"),  # long digit runs are numbers, not stutter
     ("Mississippi bookkeeper Tallahassee", "NO"),
