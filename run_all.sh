@@ -136,12 +136,20 @@ for m in '$SMALL_METHODS'.split():
     done <<< "$lr_table" | pool || echo "the block goes on with the methods that finished"
   fi
   if [[ " $SMALL_PARTS " == *" lambda "* ]]; then
+    local -A default=()               # the method's own loss factors: the LR sweep's run already has them
+    while read -r key value; do default[$key]=$value; done < <(python -c "import losses
+for m in '$SMALL_METHODS'.split():
+    h = losses.resolve_hparams(m, 'llama')
+    print(m + '--lambda-f', '%g' % h['lambda_f']); print(m + '--lambda-r', '%g' % h['lambda_r'])")
     for m in $SMALL_METHODS; do       # at the selected LR, every loss factor the paper swept; then the final pick and its Rep
       flags=$(picked_flags "$out/sweep/$m-lr.selected") || continue
       lr=${flags#--lr }; lr=${lr%% *}
       line=""
       set -- ${LAMBDA_SWEEP[$m]:-}
-      while [ $# -gt 0 ]; do line+="{ $(small_train "$out/sweep/$m-lr$lr${1#--}$2" --method "$m" --lr "$lr" "$1" "$2"); } & "; shift 2; done
+      while [ $# -gt 0 ]; do
+        [ "$(printf '%g' "$2")" = "${default[$m$1]}" ] || line+="{ $(small_train "$out/sweep/$m-lr$lr${1#--}$2" --method "$m" --lr "$lr" "$1" "$2"); } & "
+        shift 2
+      done
       echo "${line}wait; python report.py table $out/sweep/$m.md $out/sweep/$m-lr*/eval/final > /dev/null && python evaluate.py \$(sed 's|/eval/final\$||' $out/sweep/$m.selected) $SMALL_EVAL --topics challenger_disaster --skip rgq >> $out/sweep/$m.log 2>&1"
     done | pool || echo "the block goes on with the methods that finished"
     run python report.py table "$out/results.md" base="$out/eval_base" injected="$out/injected/eval/final" \

@@ -44,7 +44,9 @@ def test_small_block_parts():
     assert all(c.count("--skip rep rgq") == 3 and c.count("--batch-size 8") == 3 for c in lr_jobs)
     lambda_jobs = [c for c in commands if "--lambda-" in c and "report.py table" in c]
     jensunpp = next(c for c in lambda_jobs if "--method jensunpp" in c)
-    assert [f"--lambda-f {v}" in jensunpp for v in ("0.33", "1", "2", "4")] == [True] * 4
+    assert [f"--lambda-f {v}" in jensunpp for v in ("0.2", "0.33", "0.5", "1", "2", "4")] == [True, False] + [True] * 4
+    npo = next(c for c in lambda_jobs if "--method npo" in c)    # lambda_r 3 is NPO's own: the LR sweep ran it
+    assert [f"--lambda-r {v} " in npo for v in ("0.5", "1", "3", "5")] == [True, True, False, True]
     assert len(lambda_jobs) == 10                                           # not GA, not DPO (not swept by the paper)
     assert all(c.endswith("--topics challenger_disaster --skip rgq >> runs/small/sweep/" + c.split("sweep/")[-1])
                for c in lambda_jobs)
