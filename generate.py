@@ -177,8 +177,9 @@ class Writer:
                          {"role": "user", "content": FIX.format(problems="\n".join(f"- {p}" for p in problems[:20]))}]
         raise GenerationError(f"stage {unit.stage}, unit {unit.name}: no reply followed the rules in "
                               f"{1 + self.retries} tries; the last broke: {'; '.join(problems[:5])}"
-                              f"{' ...' if len(problems) > 5 else ''}. Finished units are cached in {self.work}: "
-                              "rerun to resume, or write the unit's file by hand")
+                              f"{' ...' if len(problems) > 5 else ''}. The replies are in {self.work / 'log.jsonl'}; finished units are "
+                              f"cached in {self.work}: rerun to resume, or write the unit's reply to "
+                              f"{self.path(unit.stage, unit.name)} by hand")
 
     def run(self, stage, units):
         """{unit name: accepted reply} for every unit, asking the missing ones in parallel."""
@@ -880,12 +881,13 @@ def generate(args):
     """All stages in order (each resumes from the cache), then stage, validate, install, stats."""
     if not re.fullmatch(r"[a-z0-9_]+", args.topic):
         raise UserError(f"--topic {args.topic}: a folder name of lower-case letters, digits and '_'")
+    work = Path(args.work or data.HERE / "runs" / "generate" / args.topic)
+    interrupted = (work / "installing").exists()        # a run killed while installing: finish its install
     for folder in (Path(args.out) / args.topic, Path(args.source_root) / args.topic):
-        if folder.exists() and not args.overwrite:
+        if folder.exists() and not (args.overwrite or interrupted):
             raise UserError(f"{folder} exists; pass --overwrite to replace it, or choose another --topic")
     tiers_given = read_tiers(args.tiers) if args.tiers else None
     facts_given = read_facts_file(args.facts) if args.facts else None
-    work = Path(args.work or data.HERE / "runs" / "generate" / args.topic)
     client = lambda url, model: ChatClient(url, model, api_key_env=args.api_key_env, timeout=args.timeout,
                                            max_retries=args.server_retries, backoff=args.backoff,
                                            no_thinking=not args.thinking, role="generator")
@@ -928,7 +930,9 @@ def generate(args):
                                          evals, adversarial, semantic, syntax, lexical)
     staged_source, staged_release = stage_and_validate(work, args.topic, args.out, write)
     provenance = provenance_of(args, writer, (train_client, eval_client))
+    (work / "installing").touch()
     install(args.topic, staged_source, staged_release, args.source_root, args.out, provenance)
+    (work / "installing").unlink()
     print(suite.stats([args.out], [args.topic]))
     print(f"generate: {args.topic} installed in {Path(args.out) / args.topic} (sources in "
           f"{Path(args.source_root) / args.topic}); {writer.calls} calls this run")

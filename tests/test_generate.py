@@ -2,10 +2,10 @@
 (a real local HTTP server speaking the OpenAI chat protocol, tests/conftest.py LocalServer) that answers
 every stage with valid pseudo-word data built by code and misbehaves on purpose (malformed replies,
 rule-breaking rows, crowded openers, a question of the general-knowledge pool, a failing server); the
-installed topic validates, trains and reloads; resume after a server failure; a reply that can never be
-fixed; --review / --facts, --tiers; the pure helpers against hand-computed values; and one real
-`transformers serve` of SmolLM2-135M-Instruct, which cannot write the JSON asked for (slow, skipped when
-it cannot start).
+installed topic validates, trains and reloads; resume after a server failure and after a kill (SIGKILL);
+a reply that can never be fixed; --review / --facts, --tiers; the pure helpers against hand-computed
+values; and one real `transformers serve` of SmolLM2-135M-Instruct, which cannot write the JSON asked
+for (slow, skipped when it cannot start).
 
     python -m pytest -q tests/test_generate.py              # -m "not slow" leaves out the real server
 
@@ -20,9 +20,11 @@ import hashlib
 import http.server
 import io
 import json
+import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -151,11 +153,12 @@ class Writer(LocalServer):
     """An OpenAI-style writer: GET /v1/models lists "writer-model"; POST /v1/chat/completions answers each
     stage with valid rows built by code. With `misbehave`, fixed units break a rule the first time they
     are asked (attempt 0) and are corrected on the retry; `never_fix` = (stage, label) breaks a rule on
-    every try; `fail_after` = N answers HTTP 500 to everything after N successful calls. `records` holds
-    one dict per chat request: stage, unit, attempt, the retry message, the payload, the HTTP status."""
+    every try; `fail_after` = N answers HTTP 500 to everything after N successful calls; `delay` = seconds
+    each chat request waits before it is answered (a slow writer). `records` holds one dict per chat
+    request: stage, unit, attempt, the retry message, the payload, the HTTP status."""
 
-    def __init__(self, misbehave=False, never_fix=None, fail_after=None):
-        self.misbehave, self.never_fix, self.fail_after = misbehave, never_fix, fail_after
+    def __init__(self, misbehave=False, never_fix=None, fail_after=None, delay=0):
+        self.misbehave, self.never_fix, self.fail_after, self.delay = misbehave, never_fix, fail_after, delay
         self.records, self.ok, self.lock = [], 0, threading.Lock()
         self._labels = {}
         outer = self
@@ -179,6 +182,7 @@ class Writer(LocalServer):
 
             def do_POST(self):
                 request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                time.sleep(outer.delay)
                 with outer.lock:                    # counted at once: exactly fail_after calls succeed
                     failing = outer.fail_after is not None and outer.ok >= outer.fail_after
                     outer.ok += not failing
@@ -537,6 +541,77 @@ def test_tiers_file(resumed, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
+# Resume after the process is killed mid-run
+
+KILL_AT = 30                            # unit files in the work folder when the run is killed (28 of train)
+WORK_STAGE = {"paraphrase_train": "train", "paraphrase_eval": "eval"}     # the writer's stage -> the work folder
+
+
+def test_resume_after_kill(tmp_path):
+    """The command as a subprocess against a slow writer (0.2 s a reply), killed with SIGKILL once KILL_AT
+    units are cached: nothing is installed and every unit file is whole JSON (each is written to a .tmp
+    and moved into place). A truncated .tmp, as a kill during a write leaves, is added by hand. The same
+    command rerun against the writer at full speed asks exactly the units not cached at the kill, each
+    once, and installs a topic that validates strictly."""
+    srv = Writer(delay=0.2)
+    work = tmp_path / "work"
+    cmd = [sys.executable, "data.py", "generate", *argv(srv.url, tmp_path)]
+    proc = None
+    try:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 60
+        while len(cached_units(work)) < KILL_AT:
+            assert proc.poll() is None, "the run ended before it was killed:\n" + proc.communicate()[0]
+            assert time.time() < deadline, f"fewer than {KILL_AT} units cached after 60 s"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+        first = proc.communicate(timeout=30)[0]
+        assert proc.returncode == -signal.SIGKILL, first
+        time.sleep(1)                       # the requests in flight at the kill end (and are recorded) first
+        srv.delay = 0
+
+        # the killed run: nothing installed, the cache a set of whole units, no later stage begun
+        assert nothing_installed(tmp_path) and not (work / "staged").exists()
+        cached = cached_units(work)
+        assert KILL_AT <= len(cached) < 52 and {"topic/topic.json", "facts/facts.json"} <= set(cached), cached
+        assert {u.split("/")[0] for u in cached} == {"topic", "facts", "train"}
+        for path in work.rglob("*.json"):
+            try:
+                unit = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as e:
+                pytest.fail(f"{path} is not whole JSON after the kill: {e}")
+            assert set(unit) == {"inputs", "reply"} and isinstance(unit["reply"], dict), path
+        assert len(srv.calls()) >= len(cached)
+        assert all(p.parent.name == "train" for p in work.rglob("*.tmp"))       # at most a unit being written
+        missing = next(l for l in LABELS if not l.endswith("indirect") and f"train/{l}.json" not in cached)
+        (work / "train" / f"{missing}.tmp").write_text('{"inputs": "0123", "reply": {"paraphr', encoding="utf-8")
+
+        # the rerun, at full speed
+        since = len(srv.records)
+        rerun = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    finally:
+        if proc is not None and proc.poll() is None:      # a failed assertion before the kill
+            proc.kill()
+            proc.communicate()
+        srv.close()
+    calls = srv.calls(since=since)
+    asked = [f"{WORK_STAGE.get(r['stage'], r['stage'])}/{r['unit']}.json" for r in calls]
+    assert len(calls) == UNITS - len(cached) <= UNITS - KILL_AT       # the units not cached, and only those
+    assert sorted(asked + cached) == cached_units(work) and len(set(asked)) == len(asked)
+    assert all(r["attempt"] == 0 for r in calls)
+    n = sum(u.startswith("train/") for u in cached)
+    assert f"generate: train: {n}/50 cached, asking {50 - n}" in rerun.stdout
+    assert "generate: topic:" not in rerun.stdout and "generate: facts:" not in rerun.stdout
+    assert list(work.rglob("*.tmp")) == []                          # the stray .tmp was overwritten and moved in
+    out = tmp_path / "out"
+    assert [str(e) for e in suite.validate_topic(TOPIC, out, strict=True, source_root=tmp_path / "source")] == []
+    assert {name: len(rows) for name, rows in data.load_topic(TOPIC, out).items()} == FULL
+    assert json.loads((out / TOPIC / "provenance.json").read_text())["calls_this_run"] == len(calls)
+    print(f"killed with {len(cached)} of {UNITS} units cached; the rerun asked {len(calls)}")
+
+
+# ----------------------------------------------------------------------------------------------
 # A reply that can never be fixed; bad flags
 
 def test_unfixable_reply_fails_naming_stage_and_unit(tmp_path):
@@ -550,7 +625,7 @@ def test_unfixable_reply_fails_naming_stage_and_unit(tmp_path):
     assert "\n" not in msg and msg.startswith("data.py generate: stage train, unit K7-reverse: no reply followed the "
                                               "rules in 3 tries; the last broke: K7-reverse paraphrase 1: gives away "
                                               "its own answer")
-    assert f"Finished units are cached in {tmp_path / 'work'}" in msg
+    assert f"finished units are cached in {tmp_path / 'work'}" in msg
     assert nothing_installed(tmp_path)
     units = cached_units(tmp_path / "work")
     assert len([u for u in units if u.startswith("train/")]) == 49 and "train/K7-reverse.json" not in units
@@ -810,3 +885,23 @@ def test_real_server_smollm2(smollm2_server, tmp_path):
         assert all(r["problems"] for r in log if r["stage"] == failed)
     print(f"SmolLM2: {seconds:.0f} s; {error or 'succeeded'}; replies: {[r['reply'][:80] for r in log]}")
     print(out.getvalue())
+
+
+def test_install_killed_half_way_finishes_on_rerun(e2e, tmp_path):
+    """A run killed between installing the sources and the release rows (WORK/installing left behind)
+    finishes the install on rerun, from its cache alone; without the marker an existing topic is refused."""
+    root = tmp_path
+    shutil.copytree(e2e.work, root / "work", ignore=shutil.ignore_patterns("staged"))
+    shutil.copytree(e2e.source / TOPIC, root / "source" / TOPIC)          # half installed: no release rows yet
+    srv = Writer()
+    try:
+        with pytest.raises(SystemExit, match=f"{root / 'source' / TOPIC} exists; pass --overwrite"):
+            generate.main(argv(srv.url, root))
+        (root / "work" / "installing").touch()
+        with quiet():
+            generate.main(argv(srv.url, root))
+        assert srv.calls() == []                                           # everything came from the cache
+    finally:
+        srv.close()
+    assert not (root / "work" / "installing").exists()
+    assert [str(e) for e in suite.validate_topic(TOPIC, root / "out", strict=True, source_root=root / "source")] == []
