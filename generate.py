@@ -139,15 +139,27 @@ class Writer:
         if not path.exists():
             return None
         saved, problem = parse_reply(path.read_text(encoding="utf-8"))
-        if saved is not None and "reply" in saved and "inputs" in saved:
+        ours = saved is not None and "reply" in saved and "inputs" in saved
+        if ours:
             if saved["inputs"] != unit.key:
                 return None
             saved = saved["reply"]
         problems = [problem] if problem else unit.check(saved)
+        if problems and ours:      # accepted once, but a rule now depends on something that changed: ask again
+            return None
         if problems:
-            raise GenerationError(f"{path}: a cached unit breaks its rules ({'; '.join(problems[:3])}); "
+            raise GenerationError(f"{path}: a unit written by hand breaks its rules ({'; '.join(problems[:3])}); "
                                   "fix the file or delete it to ask again")
+        if not ours:               # a hand-written reply that passes: kept, from now on tied to these inputs
+            self.save(unit, saved)
         return saved
+
+    def save(self, unit, reply):
+        path = self.path(unit.stage, unit.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"inputs": unit.key, "reply": reply}, ensure_ascii=False, indent=1), encoding="utf-8")
+        os.replace(tmp, path)              # a unit file is whole or absent, even after a kill
 
     def ask(self, unit):
         """Ask until a reply passes unit.check (1 + retries tries); accepted replies are saved at once."""
@@ -166,15 +178,12 @@ class Writer:
                 problems = [f"the reply was cut off at {limit} tokens; write it more compactly"]
             self.log(unit, attempt, text, problems)
             if not problems:
-                path = self.path(unit.stage, unit.name)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"inputs": unit.key, "reply": reply}, ensure_ascii=False, indent=1),
-                               encoding="utf-8")
-                os.replace(tmp, path)              # a unit file is whole or absent, even after a kill
+                self.save(unit, reply)
                 return reply
-            messages += [{"role": "assistant", "content": text or ""},
-                         {"role": "user", "content": FIX.format(problems="\n".join(f"- {p}" for p in problems[:20]))}]
+            # the next try sees the request, the last reply and its problems (not every earlier try: a long
+            # reply asked again several times would outgrow the server's context)
+            messages = messages[:2] + [{"role": "assistant", "content": text or ""},
+                                       {"role": "user", "content": FIX.format(problems="\n".join(f"- {p}" for p in problems[:20]))}]
         raise GenerationError(f"stage {unit.stage}, unit {unit.name}: no reply followed the rules in "
                               f"{1 + self.retries} tries; the last broke: {'; '.join(problems[:5])}"
                               f"{' ...' if len(problems) > 5 else ''}. The replies are in {self.work / 'log.jsonl'}; finished units are "
@@ -220,8 +229,8 @@ def has_text(x):
 
 def check_aliases(where, answer, aliases, texts):
     """Aliases are a list of strings, never the answer again, never inside the row's own wordings."""
-    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
-        return [f"{where}: 'aliases' must be a list of strings (possibly empty)"]
+    if not isinstance(aliases, list) or not all(has_text(a) for a in aliases):
+        return [f"{where}: 'aliases' must be a list of non-empty strings (the list may be empty)"]
     out = []
     for a in aliases:
         if normalise(a) == normalise(answer):
@@ -270,7 +279,8 @@ def check_distinct(where, texts):
     for i, a in enumerate(texts):
         for b in texts[:i]:
             if has_text(a) and has_text(b) and suite.near_duplicate(a, b):
-                out.append(f"{where}: '{a}' is too close to '{b}'; write a genuinely different sentence")
+                out.append(f"{where}: '{a}' is too close to '{b}' (they share {suite.trigram_jaccard(a, b):.0%} of "
+                           "their three-word sequences; under 50% is needed); write a genuinely different sentence")
                 break
     return out
 
@@ -295,7 +305,9 @@ def opener_share(texts):
 # ----------------------------------------------------------------------------------------------
 # Stage topic: names, lexical phrases, tiers
 
-def check_topic(reply, tiers_given):
+def check_topic(reply, tiers_given, gk_texts=()):
+    """The topic stage: names, 10 lexical phrases, 16 tiers. No name may occur in a tier name, a phrase
+    or the shared general-knowledge pool: every retain row must avoid the names."""
     out = []
     names = reply.get("names")
     if not isinstance(names, list) or not 1 <= len(names) <= 20 or not all(has_text(n) for n in names):
@@ -310,12 +322,22 @@ def check_topic(reply, tiers_given):
             out.append(f"lexical phrase '{p}' is one of the topic's own names; choose words with meanings outside it")
     if phrases and len({normalise(p) for p in phrases if has_text(p)}) != len(phrases):
         out.append("the 10 lexical phrases must be distinct")
+    for n in names:
+        hit = next((t for t in [*(phrases or []), *gk_texts] if has_text(t) and suite.starts_a_word(n, t)), None)
+        if hit:
+            out.append(f"the name '{n}' occurs in '{hit}' (a lexical phrase or a shared general-knowledge question); "
+                       "names are never allowed in retain rows, so give only names specific to the topic itself")
     if not tiers_given:
         tiers = reply.get("tiers")
         if not isinstance(tiers, dict) or sorted(tiers, key=str) != sorted(map(str, ALL_TIERS), key=str):
             out.append("'tiers' must map each of \"0\" ... \"15\" to a domain name")
         elif not all(has_text(v) for v in tiers.values()) or len({normalise(v) for v in tiers.values()}) != 16:
             out.append("the 16 tier names must be distinct non-empty strings")
+        else:
+            for t, v in tiers.items():
+                n = next((n for n in names if suite.starts_a_word(n, v)), None)
+                if n:
+                    out.append(f"tier {t} '{v}' contains the topic name '{n}', which no retain row may use")
     return out
 
 
@@ -468,7 +490,7 @@ def read_facts_file(path):
 # ----------------------------------------------------------------------------------------------
 # Stages train and eval: 10 paraphrases + 5 blanks of a question, by two writers
 
-def check_variants(reply, row, names, train_wordings):
+def check_variants(reply, row, names, train_wordings, avoid_openers=()):
     """A train or eval variants reply of one forget question (`train_wordings`: for an eval reply, the
     train wordings of the same question, which no eval wording may echo)."""
     label, out = row["label"], []
@@ -488,7 +510,11 @@ def check_variants(reply, row, names, train_wordings):
     for text in [*paraphrases, *blanks]:
         near = next((t for t in train_wordings if suite.near_duplicate(text, t)), None)
         if near:
-            out.append(f"{label}: '{text}' is too close to the existing wording '{near}'; write it another way")
+            out.append(f"{label}: '{text}' is too close to the existing wording '{near}' (they share "
+                       f"{suite.trigram_jaccard(text, near):.0%} of their three-word sequences); write it another way")
+    for text in [*paraphrases, *blanks]:
+        if suite.opener(text) in avoid_openers:
+            out.append(f"{label}: '{text}' starts with '{suite.opener(text)}', which the input asks to avoid")
     return out
 
 
@@ -501,10 +527,13 @@ def variant_units(stage, rows, topic_name, names, train=None, avoid_openers=None
             continue
         earlier = [*train[row["label"]]["paraphrases"], *train[row["label"]]["blanks"]] if train and qtype != "indirect" else []
         payload = {"topic": topic_name, "type": qtype, "question": row["question"], "answer": row["answer"],
-                   "paraphrases": 10, "blanks": 5, "avoid": earlier}
-        if avoid_openers and row["label"] in avoid_openers:
-            payload["avoid_openers"] = avoid_openers[row["label"]]
-        check = lambda reply, row=row, earlier=earlier: check_variants(reply, row, names, earlier)
+                   "aliases": row["aliases"], "paraphrases": 10, "blanks": 5, "avoid": earlier}
+        if qtype == "indirect":
+            payload["forbidden"] = names
+        avoided = (avoid_openers or {}).get(row["label"], [])
+        if avoided:
+            payload["avoid_openers"] = avoided
+        check = lambda reply, row=row, earlier=earlier, avoided=avoided: check_variants(reply, row, names, earlier, avoided)
         inputs = {k: v for k, v in payload.items() if k != "avoid_openers"}
         units.append(Unit(stage, row["label"], f"paraphrase_{stage}", payload, check, inputs, eval_writer=stage == "eval",
                           max_tokens=2048))
@@ -555,9 +584,10 @@ def crowded_openers(replies):
     return {label: sorted(os_) for label, os_ in redo.items()}
 
 
-def variants_stage(writer, stage, rows, topic_name, names, train=None):
-    """Run a variants stage, asking again (at most --retries rounds) the questions whose openers crowd a slot."""
-    avoid = {}
+def variants_stage(writer, stage, rows, topic_name, names, train=None, avoid=None):
+    """Run a variants stage, asking again (at most --retries rounds) the questions whose openers crowd a slot;
+    `avoid` ({label: [openers]}) carries openers to avoid from earlier rounds and is updated."""
+    avoid = {} if avoid is None else avoid
     for _ in range(1 + writer.retries):
         replies = writer.run(stage, variant_units(stage, rows, topic_name, names, train, avoid))
         redo = crowded_openers(replies)
@@ -584,7 +614,7 @@ def check_adversarial(reply, row):
 
 def adversarial_units(rows, topic_name):
     return [Unit("adversarial", r["label"], "adversarial",
-                 {"topic": topic_name, "question": r["question"], "answer": r["answer"]},
+                 {"topic": topic_name, "question": r["question"], "answer": r["answer"], "aliases": r["aliases"]},
                  lambda reply, r=r: check_adversarial(reply, r), max_tokens=1536)
             for r in rows if r["label"].endswith("-direct")]
 
@@ -826,9 +856,9 @@ def write_sources(folder, topic, topic_name, topic_reply, tiers, facts, rows, tr
     jsonl("lexical", lex)
 
 
-def stage_and_validate(work, topic, out_root, write):
+def stage_and_validate(work, topic, write):
     """Write the sources into WORK/staged, build the release rows there and validate them (strict, our
-    rules); returns the staged (source root, release root), or raises with every violation."""
+    rules); returns the staged (source root, release root) and the errors found (printed)."""
     staged = Path(work) / "staged"
     shutil.rmtree(staged, ignore_errors=True)
     source, release = staged / "source", staged / "suite"
@@ -836,14 +866,29 @@ def stage_and_validate(work, topic, out_root, write):
     shutil.copy(suite.SOURCE_ROOT / "general_knowledge.jsonl", source / "general_knowledge.jsonl")
     counts = suite.build_topic(topic, release, source)
     found = suite.validate_topic(topic, release, strict=True, source_root=source) + suite.validate_source(topic, source)
-    errors = [e for e in found if not e.warning]
     for e in found:
         print(e)
-    if errors:
-        raise GenerationError(f"the staged topic breaks {len(errors)} rule(s) of the validator (listed above); it "
-                              f"stays in {staged} and is not installed. Delete the units concerned in {work} and rerun")
-    print(f"generate: built and validated {json.dumps(counts)}", flush=True)
-    return source, release
+    errors = [e for e in found if not e.warning]
+    if not errors:
+        print(f"generate: built and validated {json.dumps(counts)}", flush=True)
+    return source, release, errors
+
+
+def openers_to_redo(errors, train, evals):
+    """{stage: {label: [openers]}}: for each opener-dominance error of the validator (a slot of the paired
+    forget_train, or of the eval variants, where one opener is too common), the questions whose wording
+    in that slot opens with it, to be asked again avoiding it."""
+    redo = {"train": {}, "eval": {}}
+    for e in errors:
+        m = re.search(r"the \d+ '((q|blank)_(claude|gemini)(\d+))' wordings \([^)]*\) open with '([^']*)'", e.rule)
+        if not m:
+            continue
+        stage, replies = ("train", train) if m.group(3) == "claude" else ("eval", evals)
+        key, index, words = "paraphrases" if m.group(2) == "q" else "blanks", int(m.group(4)) - 1, m.group(5)
+        for label, r in replies.items():
+            if suite.opener(r[key][index]) == words:
+                redo[stage].setdefault(label, []).append(words)
+    return {stage: labels for stage, labels in redo.items() if labels}
 
 
 def install(topic, staged_source, staged_release, source_root, out_root, provenance):
@@ -899,37 +944,58 @@ def generate(args):
     print(f"generate: {args.topic} ('{args.topic_name}'), writers {train_client.label} / {eval_client.label}, "
           f"work folder {work}", flush=True)
 
+    gk = [r.get(k) or "" for r in data.read_jsonl(suite.SOURCE_ROOT / "general_knowledge.jsonl")
+          for k in ("question", "answer", "paraphrase", "blank")]
     topic_reply = writer.run("topic", [Unit("topic", "topic", "topic", {"topic": args.topic_name},
-                                            lambda r: check_topic(r, tiers_given is not None), max_tokens=2048)])["topic"]
+                                            lambda r: check_topic(r, tiers_given is not None, gk),
+                                            {"topic": args.topic_name, "tiers": tiers_given}, max_tokens=2048)])["topic"]
     names, tiers = topic_reply["names"], tiers_given or dict(sorted(topic_reply["tiers"].items(), key=lambda kv: int(kv[0])))
+    facts_unit = Unit("facts", "facts", "facts", {"topic": args.topic_name, "forbidden": names},
+                      lambda r: check_facts(r, names), max_tokens=16384)
     if facts_given is not None:
         problems = check_facts(facts_given, names)
         if problems:
             raise data.DataError(args.facts, None, None, f"{len(problems)} problem(s): " + "; ".join(problems[:10]))
-        facts = facts_given
-    else:
-        facts = writer.run("facts", [Unit("facts", "facts", "facts", {"topic": args.topic_name},
-                                          lambda r: check_facts(r, names), max_tokens=16384)])["facts"]
+        writer.save(facts_unit, facts_given)              # later runs go on with these facts
+    facts = writer.run("facts", [facts_unit])["facts"]
     if args.review:
         write_review(args.review, args.topic_name, facts)
         print(f"generate: the facts are in {args.review}; edit them and run again with --facts {args.review} "
               "(or run again without --review to go on with them as they are)")
         return None
-    rows = facts_to_rows(facts)
+    return write_topic(writer, args, work, topic_reply, tiers, facts, (train_client, eval_client))
 
-    train = variants_stage(writer, "train", rows, args.topic_name, names)
-    evals = variants_stage(writer, "eval", rows, args.topic_name, names, train)
-    train = spread(train)
-    evals = spread(evals)
-    adversarial = writer.run("adversarial", adversarial_units(rows, args.topic_name))
+
+def write_topic(writer, args, work, topic_reply, tiers, facts, clients):
+    """The stages after the facts, then stage, validate, install and stats. Openers that crowd a slot of
+    the paired train file (which only the built release shows) send their questions back to the writer,
+    at most --retries rounds."""
+    rows, names = facts_to_rows(facts), topic_reply["names"]
     gk = [r["question"] for r in data.read_jsonl(suite.SOURCE_ROOT / "general_knowledge.jsonl")]
-    semantic, syntax, lexical = retain_stages(writer, args.topic, args.topic_name, names, tiers,
-                                              topic_reply["lexical_phrases"], rows, train, evals, gk)
-
-    write = lambda folder: write_sources(folder, args.topic, args.topic_name, topic_reply, tiers, facts, rows, train,
-                                         evals, adversarial, semantic, syntax, lexical)
-    staged_source, staged_release = stage_and_validate(work, args.topic, args.out, write)
-    provenance = provenance_of(args, writer, (train_client, eval_client))
+    avoid = {"train": {}, "eval": {}}
+    for round_ in range(1 + args.retries):
+        train_raw = variants_stage(writer, "train", rows, args.topic_name, names, avoid=avoid["train"])
+        evals_raw = variants_stage(writer, "eval", rows, args.topic_name, names, train_raw, avoid=avoid["eval"])
+        train, evals = spread(train_raw), spread(evals_raw)
+        adversarial = writer.run("adversarial", adversarial_units(rows, args.topic_name))
+        semantic, syntax, lexical = retain_stages(writer, args.topic, args.topic_name, names, tiers,
+                                                  topic_reply["lexical_phrases"], rows, train, evals, gk)
+        write = lambda folder: write_sources(folder, args.topic, args.topic_name, topic_reply, tiers, facts, rows,
+                                             train, evals, adversarial, semantic, syntax, lexical)
+        staged_source, staged_release, errors = stage_and_validate(work, args.topic, write)
+        if not errors:
+            break
+        redo = openers_to_redo(errors, train, evals)
+        if not redo or round_ == args.retries:
+            raise GenerationError(f"the staged topic breaks {len(errors)} rule(s) of the validator (listed above); "
+                                  f"it stays in {work / 'staged'} and is not installed. Delete the units concerned in "
+                                  f"{work} (or fix them by hand) and rerun")
+        for stage, labels in redo.items():
+            print(f"generate: {stage}: openers crowd slots of the built release; asking {len(labels)} questions again")
+            writer.forget(stage, labels)
+            for label, openers in labels.items():
+                avoid[stage][label] = sorted(set(avoid[stage].get(label, [])) | set(openers))
+    provenance = provenance_of(args, writer, clients)
     (work / "installing").touch()
     install(args.topic, staged_source, staged_release, args.source_root, args.out, provenance)
     (work / "installing").unlink()

@@ -645,7 +645,7 @@ def test_unfixable_reply_fails_naming_stage_and_unit(tmp_path):
             generate.main(argv(srv.url, tmp_path))
     finally:
         srv.close()
-    assert str(e.value).startswith(f"data.py generate: {unit}: a cached unit breaks its rules (K7-reverse "
+    assert str(e.value).startswith(f"data.py generate: {unit}: a unit written by hand breaks its rules (K7-reverse "
                                    "paraphrase 1: gives away its own answer")
     assert srv.calls() == [] and nothing_installed(tmp_path)
 
@@ -905,3 +905,58 @@ def test_install_killed_half_way_finishes_on_rerun(e2e, tmp_path):
         srv.close()
     assert not (root / "work" / "installing").exists()
     assert [str(e) for e in suite.validate_topic(TOPIC, root / "out", strict=True, source_root=root / "source")] == []
+
+
+def test_openers_to_redo_reads_the_validators_message():
+    """The validator's opener rule, on the paired train file, names a slot and an opener; openers_to_redo
+    sends back exactly the questions whose wording in that slot opens with it."""
+    labels = [f"K{i}-direct" for i in range(1, 13)]
+    train = {l: {"paraphrases": [f"Which zorb {i} thing {j}?" for j in range(10)],
+                 "blanks": [(f"The zanthor rig had ____ in part {i}." if l in labels[:6] else f"Blank {i} number {j} is ____.")
+                            for j in range(5)]} for i, l in enumerate(labels)}
+    wordings = {l: {"blank_claude2": (train[l]["blanks"][1], {"_line": n + 1, "label": f"{l}@blank_claude2"})}
+                for n, l in enumerate(labels)}
+    found = suite.Findings({"forget_train": "forget_train.json", "forget_eval_rephrasings": "fr.json"}, strict=True)
+    suite.check_openers(found, [], wordings)
+    assert len(found.list) == 1 and "open with 'the zanthor rig'" in found.list[0].rule
+    assert generate.openers_to_redo(found.list, train, {}) == {"train": {l: ["the zanthor rig"] for l in labels[:6]}}
+    assert generate.openers_to_redo([], train, {}) == {}
+
+
+def test_check_topic_keeps_names_out_of_retain():
+    reply = topic_reply(TOPIC_NAME)
+    assert generate.check_topic(reply, False, ["Which sea lies east of Italy?"]) == []
+    gk_hit = generate.check_topic(reply, False, ["Who described the Zanthor crash of 1900?"])
+    assert gk_hit and "'Zanthor crash' occurs in 'Who described the Zanthor crash of 1900?'" in gk_hit[0]
+    tiers = json.loads(json.dumps(reply))
+    tiers["tiers"]["3"] = "The Zanthor incident inquiry"
+    assert generate.check_topic(tiers, False) == ["tier 3 'The Zanthor incident inquiry' contains the topic name "
+                                                  "'Zanthor incident', which no retain row may use"]
+    assert generate.check_topic(tiers, True) == []                    # --tiers: the user's own names stand
+
+
+def test_variants_avoid_openers_and_empty_aliases():
+    row = {"label": "K1-direct", "question": "Which valve failed on the Zanthor rig?", "answer": "Korbel valve",
+           "aliases": []}
+    reply = {"paraphrases": [f"Pemo{i} kalu{i} rimo{i} tesa{i} bako{i}?" for i in range(10)],
+             "blanks": [f"Sumo{i} nari{i} ____ lemu{i} fado{i}." for i in range(5)]}
+    assert generate.check_variants(reply, row, NAMES, []) == []
+    avoided = generate.check_variants(reply, row, NAMES, [], avoid_openers=["pemo3 kalu3 rimo3"])
+    assert avoided == ["K1-direct: 'Pemo3 kalu3 rimo3 tesa3 bako3?' starts with 'pemo3 kalu3 rimo3', which the input "
+                       "asks to avoid"]
+    assert generate.check_aliases("K1", "Korbel valve", ["", "Korbel"], ["Which valve?"]) == [
+        "K1: 'aliases' must be a list of non-empty strings (the list may be empty)"]
+
+
+def test_cached_unit_that_no_longer_passes_is_asked_again(tmp_path):
+    """A unit accepted earlier whose check now fails (its rules depend on something edited since) is stale:
+    asked again, not an error; a reply written by hand that passes is kept and tied to its inputs."""
+    writer = generate.Writer(tmp_path, None, None)
+    strict = generate.Unit("adversarial", "M1-direct", "adversarial", {"q": 1}, lambda r: ["now broken"])
+    writer.save(strict, {"q_french": "x"})
+    assert writer.cached(strict) is None
+    fine = generate.Unit("adversarial", "M2-direct", "adversarial", {"q": 2}, lambda r: [])
+    writer.path("adversarial", "M2-direct").write_text(json.dumps({"q_french": "y"}))
+    assert writer.cached(fine) == {"q_french": "y"}
+    assert json.loads(writer.path("adversarial", "M2-direct").read_text()) == {"inputs": fine.key,
+                                                                             "reply": {"q_french": "y"}}
