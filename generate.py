@@ -971,7 +971,8 @@ def write_topic(writer, args, work, topic_reply, tiers, facts, clients):
     the paired train file (which only the built release shows) send their questions back to the writer,
     at most --retries rounds."""
     rows, names = facts_to_rows(facts), topic_reply["names"]
-    gk = [r["question"] for r in data.read_jsonl(suite.SOURCE_ROOT / "general_knowledge.jsonl")]
+    gk = [r[k] for r in data.read_jsonl(suite.SOURCE_ROOT / "general_knowledge.jsonl")    # every GK wording
+          for k in ("question", "paraphrase", "blank") if has_text(r.get(k))]
     avoid = {"train": {}, "eval": {}}
     for round_ in range(1 + args.retries):
         train_raw = variants_stage(writer, "train", rows, args.topic_name, names, avoid=avoid["train"])
