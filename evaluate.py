@@ -629,7 +629,7 @@ def check_inputs(args, stages, base):
 
 def main(argv=None):
     import judge as judge_module
-    with data.one_line_errors("evaluate.py", judge_module.JudgeUnavailable):
+    with data.one_line_errors("evaluate.py", judge_module.ServerUnavailable):
         args = parse_args(argv)
         if args.rescore:
             metrics = rescore(args.rescore, args.max_invalid, args.max_rgq_discarded)

@@ -33,6 +33,7 @@ import argparse
 import collections
 import concurrent.futures
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -69,6 +70,7 @@ class GenerationError(UserError):
 # ----------------------------------------------------------------------------------------------
 # Talking to the model: one unit = one JSON object asked for, checked, asked again with the problems
 
+@functools.lru_cache(maxsize=None)
 def load_prompt(name):
     path = PROMPTS / f"gen_{name}.txt"
     try:
@@ -584,6 +586,12 @@ def crowded_openers(replies):
     return {label: sorted(os_) for label, os_ in redo.items()}
 
 
+def add_openers(avoid, redo):
+    """Merge {label: [openers]} to ask again into the openers each question must avoid from now on."""
+    for label, openers in redo.items():
+        avoid[label] = sorted(set(avoid.get(label, [])) | set(openers))
+
+
 def variants_stage(writer, stage, rows, topic_name, names, train=None, avoid=None):
     """Run a variants stage, asking again (at most --retries rounds) the questions whose openers crowd a slot;
     `avoid` ({label: [openers]}) carries openers to avoid from earlier rounds and is updated."""
@@ -596,8 +604,7 @@ def variants_stage(writer, stage, rows, topic_name, names, train=None, avoid=Non
         print(f"generate: {stage}: openers {sorted({o for v in redo.values() for o in v})} crowd their slots; "
               f"asking {len(redo)} questions again", flush=True)
         writer.forget(stage, redo)
-        for label, openers in redo.items():
-            avoid[label] = sorted(set(avoid.get(label, [])) | set(openers))
+        add_openers(avoid, redo)
     raise GenerationError(f"stage {stage}: openers still crowd the variant slots after {writer.retries} rounds; "
                           f"finished units are cached in {writer.work}")
 
@@ -725,7 +732,7 @@ def syntax_units(topic, topic_name, rows, train, evals, names, avoid=None):
             continue
         train_keys, eval_keys = syntax_choices(topic, row["label"])
         for split, keys in (("train", train_keys), ("eval", eval_keys)):
-            wordings = {k: source_wording(row, k, train, evals) for k in keys}
+            wordings = {k: suite.variant_text(forget_source_row(row, train, evals), k) for k in keys}
             name = f"{row['label']}-{split}"
             earlier = (avoid or {}).get(name, [])
             payload = {"forget_topic": topic_name, "forbidden": names, "label": row["label"], "answer": row["answer"],
@@ -735,14 +742,13 @@ def syntax_units(topic, topic_name, rows, train, evals, names, avoid=None):
     return units
 
 
-def source_wording(row, key, train, evals):
-    """The text of a variant key (original, q_claudeN, blank_geminiN, ...) of a forget question, with the
-    variants in their spread (final) order."""
-    if key == "original":
-        return row["question"]
-    m = re.fullmatch(r"(q|blank)_(claude|gemini)(\d+)", key)
-    replies = train if m.group(2) == "claude" else evals
-    return replies[row["label"]]["paraphrases" if m.group(1) == "q" else "blanks"][int(m.group(3)) - 1]
+def forget_source_row(row, train, evals):
+    """A forget source row (data/README.md) from its facts row and its variants in their spread (final)
+    order: direct and reverse rows carry train variants, every row eval variants."""
+    out = dict(row)
+    if not row["label"].endswith("indirect"):
+        out |= {"train_paraphrases": train[row["label"]]["paraphrases"], "train_blanks": train[row["label"]]["blanks"]}
+    return out | {"eval_paraphrases": evals[row["label"]]["paraphrases"], "eval_blanks": evals[row["label"]]["blanks"]}
 
 
 def lexical_units(phrases, topic_name, names, avoid=None):
@@ -826,14 +832,7 @@ def write_sources(folder, topic, topic_name, topic_reply, tiers, facts, rows, tr
             "tiers": tiers, "lexical_phrases": topic_reply["lexical_phrases"],
             "meta_fact": facts.get("meta_fact", ""), "facts": {f["id"]: f["statement"] for f in facts["facts"]}}
     (folder / "topic.json").write_text(json.dumps(info, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-    forget = []
-    for r in rows:
-        row = dict(r)
-        if not r["label"].endswith("indirect"):
-            row |= {"train_paraphrases": train[r["label"]]["paraphrases"], "train_blanks": train[r["label"]]["blanks"]}
-        row |= {"eval_paraphrases": evals[r["label"]]["paraphrases"], "eval_blanks": evals[r["label"]]["blanks"]}
-        forget.append(row)
-    jsonl("forget", forget)
+    jsonl("forget", [forget_source_row(r, train, evals) for r in rows])
     jsonl("adversarial", [{"label": label, **{k: reply[k].strip() for k in ADVERSARIAL_WRITTEN}}
                           for label, reply in sorted(adversarial.items(), key=lambda kv: FACTS.index(kv[0].split("-")[0]))])
     sem = []
@@ -944,8 +943,8 @@ def generate(args):
     print(f"generate: {args.topic} ('{args.topic_name}'), writers {train_client.label} / {eval_client.label}, "
           f"work folder {work}", flush=True)
 
-    gk = [r.get(k) or "" for r in data.read_jsonl(suite.SOURCE_ROOT / "general_knowledge.jsonl")
-          for k in ("question", "answer", "paraphrase", "blank")]
+    gk_rows = data.read_jsonl(suite.SOURCE_ROOT / "general_knowledge.jsonl")     # the shared pool, read once
+    gk = [r.get(k) or "" for r in gk_rows for k in ("question", "answer", "paraphrase", "blank")]
     topic_reply = writer.run("topic", [Unit("topic", "topic", "topic", {"topic": args.topic_name},
                                             lambda r: check_topic(r, tiers_given is not None, gk),
                                             {"topic": args.topic_name, "tiers": tiers_given}, max_tokens=2048)])["topic"]
@@ -963,16 +962,15 @@ def generate(args):
         print(f"generate: the facts are in {args.review}; edit them and run again with --facts {args.review} "
               "(or run again without --review to go on with them as they are)")
         return None
-    return write_topic(writer, args, work, topic_reply, tiers, facts, (train_client, eval_client))
+    return write_topic(writer, args, work, topic_reply, tiers, facts, gk_rows, (train_client, eval_client))
 
 
-def write_topic(writer, args, work, topic_reply, tiers, facts, clients):
+def write_topic(writer, args, work, topic_reply, tiers, facts, gk_rows, clients):
     """The stages after the facts, then stage, validate, install and stats. Openers that crowd a slot of
     the paired train file (which only the built release shows) send their questions back to the writer,
     at most --retries rounds."""
     rows, names = facts_to_rows(facts), topic_reply["names"]
-    gk = [r[k] for r in data.read_jsonl(suite.SOURCE_ROOT / "general_knowledge.jsonl")    # every GK wording
-          for k in ("question", "paraphrase", "blank") if has_text(r.get(k))]
+    gk = [r[k] for r in gk_rows for k in ("question", "paraphrase", "blank") if has_text(r.get(k))]  # every GK wording
     avoid = {"train": {}, "eval": {}}
     for round_ in range(1 + args.retries):
         train_raw = variants_stage(writer, "train", rows, args.topic_name, names, avoid=avoid["train"])
@@ -994,8 +992,7 @@ def write_topic(writer, args, work, topic_reply, tiers, facts, clients):
         for stage, labels in redo.items():
             print(f"generate: {stage}: openers crowd slots of the built release; asking {len(labels)} questions again")
             writer.forget(stage, labels)
-            for label, openers in labels.items():
-                avoid[stage][label] = sorted(set(avoid[stage].get(label, [])) | set(openers))
+            add_openers(avoid[stage], labels)
     provenance = provenance_of(args, writer, clients)
     (work / "installing").touch()
     install(args.topic, staged_source, staged_release, args.source_root, args.out, provenance)

@@ -133,9 +133,6 @@ class ServerUnavailable(RuntimeError):
     requests."""
 
 
-JudgeUnavailable = ServerUnavailable   # the name evaluate.py and the judge's callers catch
-
-
 class _Cache:
     """sha256 key -> verdict, in SQLite. One connection shared by the worker threads, under a lock."""
 
@@ -324,7 +321,7 @@ class HTTPJudge(ChatClient):
             futures = {pool.submit(self._judge_one, kind, m): k for k, m in todo.items()}
             for fut in concurrent.futures.as_completed(futures):
                 k = futures[fut]
-                verdict, raw = fut.result()  # JudgeUnavailable propagates; finished verdicts are cached
+                verdict, raw = fut.result()  # ServerUnavailable propagates; finished verdicts are cached
                 found[k] = verdict
                 if verdict != INVALID:
                     self.cache.put(k, kind, self.model, verdict, raw)
@@ -1084,7 +1081,7 @@ def main(argv=None):
             import evaluate
             progress = lambda name, total: evaluate.Progress(name, total).to
         agree(args.rows, judge, show=args.show, progress=progress)
-    except (ValueError, OSError, JudgeUnavailable) as e:
+    except (ValueError, OSError, ServerUnavailable) as e:
         raise SystemExit(f"judge.py agree: {e}") from None
 
 

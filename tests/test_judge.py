@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import judge  # noqa: E402
 from conftest import LocalServer, free_port  # noqa: E402
 from data import is_refusal, normalise  # noqa: E402
-from judge import HeuristicJudge, HTTPJudge, JudgeUnavailable  # noqa: E402
+from judge import HeuristicJudge, HTTPJudge, ServerUnavailable  # noqa: E402
 
 VERDICTS = {"YES", "NO", "INVALID"}
 WINNERS = {"A", "B", "tie", "INVALID"}
@@ -458,7 +458,7 @@ def test_scripted_client_error_is_raised(tmp_path):
     srv = Scripted([(400, "bad model")])
     try:
         j = HTTPJudge(srv.url, model="wrong", cache_path=tmp_path / "c.sqlite")
-        with pytest.raises(JudgeUnavailable, match="HTTP 400"):
+        with pytest.raises(ServerUnavailable, match="HTTP 400"):
             j.verdicts("gibberish", [ITEM])
     finally:
         srv.close()
@@ -466,7 +466,7 @@ def test_scripted_client_error_is_raised(tmp_path):
 
 def test_no_server_clear_error(tmp_path):
     url = f"http://127.0.0.1:{free_port()}/v1"
-    with pytest.raises(JudgeUnavailable) as e:
+    with pytest.raises(ServerUnavailable) as e:
         judge.make_judge("http", url=url, model="m", cache_path=tmp_path / "eval" / "judge_cache.sqlite")
     msg = str(e.value)
     assert url in msg and "transformers serve" in msg and "\n" not in msg
@@ -479,7 +479,7 @@ def test_judge_failing_seven_times_in_a_row_is_one_clear_error(tmp_path):
     srv = Scripted([(500, "")])
     try:
         j = HTTPJudge(srv.url, cache_path=tmp_path / "c.sqlite", backoff=0.001, concurrency=1)
-        with pytest.raises(JudgeUnavailable) as e:
+        with pytest.raises(ServerUnavailable) as e:
             j.verdicts("forget", [ITEM])
         assert j.requests == 7 and "failed 7 times in a row" in str(e.value) and "\n" not in str(e.value)
     finally:
@@ -496,7 +496,7 @@ def test_judge_failing_seven_times_in_a_row_is_one_clear_error(tmp_path):
 
     garbage = LocalServer(Html)
     try:
-        with pytest.raises(JudgeUnavailable, match="lists no model on /models"):
+        with pytest.raises(ServerUnavailable, match="lists no model on /models"):
             HTTPJudge(garbage.url, cache_path=tmp_path / "d.sqlite")
     finally:
         garbage.close()
