@@ -31,7 +31,7 @@ SMALL_METHODS=${SMALL_METHODS:-$METHODS_ALL}            # block small: the metho
 JOBS=${JOBS:-3}
 SMALL_LR_FACTORS=${SMALL_LR_FACTORS:-"3 10 30"}         # block small: multiples of each method's Llama LR
 SMALL_PARTS=${SMALL_PARTS:-"inject sweep lambda seq"}    # block small: the parts to run, in order (resumable)
-SMALL_SEQ_METHODS=${SMALL_SEQ_METHODS:-"jensunpp npo graddiff"}   # block small: sequential, joint, relearning
+SMALL_SEQ_METHODS=${SMALL_SEQ_METHODS:-"jensunpp dpo npo"}   # block small: sequential, joint, relearning
 SMALL_PROMPT=${SMALL_PROMPT:-chat}                     # block small: answer format (the injection is chat)
 # block small: extra train.py flags. Micro-batches of 8 reach the authors' global batch of 32 in 4
 # accumulation steps (half the GPU launches of 4 x 8).
@@ -86,7 +86,8 @@ declare -A LAMBDA_SWEEP=([graddiff]="--lambda-r 0.5 --lambda-r 1 --lambda-r 2 --
 
 small_train() {   # one pool line: train.py with the block's settings into $1, then evaluate it on Challenger
   local d=$1; shift
-  echo "{ [ -f $d/final/config.json ] || python train.py --model $SMALL_INJECTED --topics challenger_disaster $* $SMALL_TRAIN_ARGS --print-every 60 --out $d > $d.log 2>&1; } && { [ -f $d/eval/final/metrics.json ] || python evaluate.py $d $SMALL_EVAL --topics challenger_disaster --skip rep rgq >> $d.log 2>&1; }"
+  # an evaluated run is done (its weights need not be kept: the block can resume from its metrics alone)
+  echo "[ -f $d/eval/final/metrics.json ] || { { [ -f $d/final/config.json ] || python train.py --model $SMALL_INJECTED --topics challenger_disaster $* $SMALL_TRAIN_ARGS --print-every 60 --out $d > $d.log 2>&1; } && python evaluate.py $d $SMALL_EVAL --topics challenger_disaster --skip rep rgq >> $d.log 2>&1; }"
 }
 
 picked_flags() {   # the train.py flags (--lr, --lambda-f, --lambda-r) of the run selected in $1 (report.py's .selected)
