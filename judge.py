@@ -787,13 +787,17 @@ def _reduced(words):
 
 # --- Does the answer state the ground truth?
 
-def _gives(ans, text, question, forget, echo):
+def _gives(ans, text, question, forget, echo, unit=None):
     """The answer states `text` (a ground truth or alias) by one of the rules. echo: the read question of an
-    open forget question; a shortened form found in it is an echo, not knowledge (forget rubric, Check A)."""
+    open forget question; a shortened form found in it is an echo, not knowledge (forget rubric, Check A).
+    unit: the ground truth's quantity, whose unit a bare-number alias shares ('73' for '73 seconds' is not
+    '73 minutes')."""
     date = _as_date(text)
     if date:
         return any(_same_date(date, d) for d in _dates(ans["text"]))
     number = _as_number(text)
+    if number and unit and unit["dim"] and not number["dim"] and not number["scaled"]:
+        number = dict(number, **{k: unit[k] for k in ("dim", "factor", "exact", "tolerance")})
     if number:
         return any(_close(number, q) for q in _quantities(ans["tokens"]))
     words = _words(text)
@@ -819,7 +823,8 @@ def gives_answer(answer, ground_truth, aliases=(), question="", forget=False):
     ans = _read(answer)
     echo = _read(question) if forget and question and "____" not in question else None
     targets = [v for t in [ground_truth, *aliases] if t for v in _variants(t)]
-    return any(_gives(ans, t, question, forget, echo) for t in targets)
+    unit = _as_number(ground_truth) if ground_truth else None
+    return any(_gives(ans, t, question, forget, echo, unit) for t in targets)
 
 
 # --- Gibberish (the gibberish rubric: repetition loops, mangled tokens; a refusal is not gibberish)

@@ -36,6 +36,10 @@ SMALL_PROMPT=${SMALL_PROMPT:-chat}                     # block small: answer for
 # block small: extra train.py flags. Micro-batches of 8 reach the authors' global batch of 32 in 4
 # accumulation steps (half the GPU launches of 4 x 8).
 SMALL_TRAIN_ARGS=${SMALL_TRAIN_ARGS:---batch-size 8}
+# block small, part seq: its runs are four times as long (1,120-1,180 steps), so one micro-batch of 32 per step
+# (faster than 4 x 8: 27 s against 40 s for 30 steps with loading, SmolLM2, one H100), at 13-16 GB a process: the
+# pool's 3 at a time fit an 80 GB card (6 at once did not). Token means then run over 32 pairs, not 8 (RESULTS.md).
+SMALL_SEQ_TRAIN_ARGS=${SMALL_SEQ_TRAIN_ARGS:---batch-size 32}
 # block small: MPS=1 starts a CUDA MPS daemon for the block (unless one runs), so that the kernels of the
 # side-by-side processes overlap instead of taking turns (12 SmolLM2 trainings on an H200: 44 -> 74 steps/s).
 MPS=${MPS:-0}
@@ -101,7 +105,8 @@ block_small() {
   # with every method at three learning rates (its Llama LR x $SMALL_LR_FACTORS), part `lambda` sweeps the
   # loss factors the paper swept at each method's selected LR, and picks per method by report.py's rule
   # (among runs with Q_All <= 10 and Gib <= 5 the highest Retain); part `seq` runs $SMALL_SEQ_METHODS
-  # sequentially over the four topics, jointly, and attacks the sequential models by relearning. Heuristic
+  # sequentially over the four topics, jointly, and attacks the joint models by relearning (as the paper's
+  # relearning block does), each in one micro-batch of 32 per step ($SMALL_SEQ_TRAIN_ARGS). Heuristic
   # judge throughout; answers in $SMALL_PROMPT format (the injected knowledge is the chat format's).
   # Resumable: finished trainings and evaluations are skipped; $SMALL_PARTS runs a subset of the parts, in
   # order, so the block can be finished over several sessions.
@@ -157,16 +162,23 @@ for m in '$SMALL_METHODS'.split():
         $(ls -d "$out"/sweep/*/eval/final 2>/dev/null || echo "$out/sweep/METHOD-lrLR/eval/final")
   fi
   if [[ " $SMALL_PARTS " == *" seq "* ]]; then
+    # The relearning attack's LR, by the paper's rule (appendix, relearning): at least the highest LR of the
+    # unlearning methods attacked (its 1e-5 for Llama; SmolLM2's picks are 3-30x the Llama LRs).
+    local relearn_lr=HIGHEST_PICKED_LR
+    if [ $DRY = 0 ]; then
+      relearn_lr=$(for m in $SMALL_SEQ_METHODS; do picked_flags "$out/sweep/$m.selected" 2>/dev/null || true; done |
+                   python -c "import sys; lrs = [float(l.split()[1]) for l in sys.stdin if l.startswith('--lr ')]; print('%g' % max(lrs + [1e-5]))")
+    fi
     for m in $SMALL_SEQ_METHODS; do   # sequential, joint and relearning with the method's selected settings
       flags=$(picked_flags "$out/sweep/$m.selected") || continue
       d=$out/seq/$m
-      echo "python train.py --method $m --model $SMALL_INJECTED --topics all --mode sequential $flags $SMALL_TRAIN_ARGS --print-every 60 --out $d-sequential > $d-sequential.log 2>&1 && python evaluate.py $d-sequential $SMALL_EVAL --skip rep rgq >> $d-sequential.log 2>&1 && python train.py --method nll --relearn-set retain_train --model $d-sequential/stage4_britney_spears_conservatorship --topics all --mode joint --lr 1e-5 --out $d-relearn > $d-relearn.log 2>&1 && python evaluate.py $d-relearn $SMALL_EVAL --skip mmlu rep rgq >> $d-relearn.log 2>&1"
-      echo "python train.py --method $m --model $SMALL_INJECTED --topics all --mode joint $flags $SMALL_TRAIN_ARGS --print-every 60 --out $d-joint > $d-joint.log 2>&1 && python evaluate.py $d-joint $SMALL_EVAL --skip rep rgq >> $d-joint.log 2>&1"
+      echo "python train.py --method $m --model $SMALL_INJECTED --topics all --mode sequential $flags $SMALL_SEQ_TRAIN_ARGS --print-every 60 --out $d-sequential > $d-sequential.log 2>&1 && python evaluate.py $d-sequential $SMALL_EVAL --skip rep rgq >> $d-sequential.log 2>&1"
+      echo "python train.py --method $m --model $SMALL_INJECTED --topics all --mode joint $flags $SMALL_SEQ_TRAIN_ARGS --print-every 60 --out $d-joint > $d-joint.log 2>&1 && python evaluate.py $d-joint $SMALL_EVAL --skip rep rgq >> $d-joint.log 2>&1 && python train.py --method nll --relearn-set retain_train --model $d-joint/final --topics all --mode joint --lr $relearn_lr --out $d-relearn > $d-relearn.log 2>&1 && python evaluate.py $d-relearn $SMALL_EVAL --skip mmlu rep rgq >> $d-relearn.log 2>&1"
     done | pool || echo "the tables hold the runs that finished"
     local seqs="" joints="" relearns=""
     for m in $SMALL_SEQ_METHODS; do
       seqs+=" $m=$out/seq/$m-sequential/eval"; joints+=" $m=$out/seq/$m-joint/eval/final"
-      relearns+=" $m=$out/seq/$m-sequential/eval/stage4_britney_spears_conservatorship,$out/seq/$m-relearn/eval/final"
+      relearns+=" $m=$out/seq/$m-joint/eval/final,$out/seq/$m-relearn/eval/final"
     done
     run python report.py stages "$out/sequential.md" $seqs --joint $joints
     run python report.py relearn "$out/relearn.md" $relearns

@@ -201,6 +201,18 @@ def test_rule_numbers(gt, answer, want):
 
 
 @pytest.mark.parametrize("answer,want", [
+    ("73", "YES"), ("73 seconds.", "YES"), ("one minute and 13 seconds", "YES"),
+    ("73 minutes", "NO"), ("73 hours", "NO"), ("80 seconds", "NO"),
+])
+def test_bare_number_alias_takes_the_ground_truths_unit(answer, want):
+    """Our rows give bare numbers as aliases ("73" for "73 seconds"); the alias means the ground truth's
+    quantity, so it does not make "73 minutes" right (it did: an alias without a unit matched any unit)."""
+    assert judge.gives_answer(answer, "73 seconds", ["73"]) == (want == "YES")
+    assert judge.gives_answer(answer, "73 seconds", ["73"], "How long after launch did it break apart?",
+                              forget=True) == (want == "YES")
+
+
+@pytest.mark.parametrize("answer,want", [
     ("28 january 1986.", "YES"), ("1986-01-28", "YES"), ("january 28.", "YES"), ("on jan. 28th, 1986", "YES"),
     ("the 28th of january", "YES"), ("1/28/1986", "YES"),
     ("26 january 1986", "NO"), ("january 28, 1987", "NO"), ("1986", "NO"), ("28", "NO"), ("28 february 1986", "NO"),

@@ -54,6 +54,11 @@ def test_small_block_parts():
     seq = [c for c in commands if "runs/small/seq/" in c and "train.py" in c]
     assert len(seq) == 6 and all("--lr LR_OF_runs/small/sweep/" in c for c in seq)
     assert sum("--relearn-set retain_train" in c for c in seq) == 3
+    for c in seq:           # relearning attacks the joint model (the paper's relearning block); one micro-batch of 32
+        assert ("--relearn-set retain_train" in c) == ("--mode joint" in c)
+        assert c.split(" > ")[0].endswith("--batch-size 32 --print-every 60 --out " + c.split("--out ")[1].split()[0])
+    assert all("--model runs/small/seq/" + m + "-joint/final" in " ".join(seq) for m in ("jensunpp", "dpo", "npo"))
+    assert all("--lr HIGHEST_PICKED_LR" in c for c in seq if "--relearn-set retain_train" in c)   # the paper's rule
     assert any(c.startswith("+ python report.py stages runs/small/sequential.md") for c in commands)
     assert any(c.startswith("+ python report.py relearn runs/small/relearn.md") for c in commands)
     only = [l for l in dry_run("small", SMALL_PARTS="seq") if l.startswith("+ ")]
