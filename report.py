@@ -12,6 +12,7 @@ evaluate.py wrote for a sequential run (RUN/eval, one subfolder per stage). Ever
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import data
@@ -150,12 +151,34 @@ def stage_entries(arg):
     return [dict(entry(str(p)), label=label or folder.parent.name, stage=p.name) for p in stages]
 
 
+def finished(read, args, what):
+    """read(arg) for every arg whose evaluation exists; the others as (label, what, problem), so that a
+    block's table keeps the runs that finished (one line each for the rest). None finished: an error."""
+    done, missing = [], []
+    for arg in args:
+        try:
+            done.append(read(arg))
+        except data.UserError as e:
+            missing.append((arg.rpartition("=")[0] or Path(arg.split(",")[0]).parent.name, what, str(e)))
+    return done, missing
+
+
+def missing_rows(missing, width):
+    for label, what, problem in missing:
+        print(f"report.py: left out: {problem}", file=sys.stderr)
+    return ["| " + " | ".join([label, f"{what}: not evaluated"] + [""] * (width - 2)) + " |"
+            for label, what, _ in missing]
+
+
 def stages_table(args):
     """The paper's sequential figure as a table (Q_All of every topic after every stage, with Retain
-    and Gib) and as a PNG next to OUT; joint runs' final rows beside."""
-    runs = [stage_entries(a) for a in args.sequential]
-    joint = [entry(a) for a in args.joint]
-    topics = list(runs[0][0]["metrics"]["topics"])
+    and Gib) and as a PNG next to OUT; joint runs' final rows beside. Runs not evaluated get a line
+    saying so (stderr names what is missing)."""
+    runs, missing = finished(stage_entries, args.sequential, "sequential")
+    joint, missing_joint = finished(entry, args.joint, "joint")
+    if not runs and not joint:
+        raise data.UserError("nothing to tabulate: " + "; ".join(p for _, _, p in missing + missing_joint))
+    topics = list((runs[0][0] if runs else joint[0])["metrics"]["topics"])
     head = ["Method", "after stage"] + [f"Q_All {t}" for t in topics] + ["Q_All avg", "Retain", "Gib"]
     lines = header([e for r in runs for e in r] + joint, "Sequential and joint unlearning")[:3] + [
         "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -164,8 +187,10 @@ def stages_table(args):
             lines.append(stage_row(e, e["label"], e["stage"], topics))
     for e in joint:
         lines.append(stage_row(e, e["label"], "joint (all topics at once)", topics))
+    lines += missing_rows(missing + missing_joint, len(head))
     Path(args.out).write_text("\n".join(lines) + "\n")
-    plot_stages(runs, topics, Path(args.out).with_suffix(".png"))
+    if runs:
+        plot_stages(runs, topics, Path(args.out).with_suffix(".png"))
     print("\n".join(lines))
 
 
@@ -197,13 +222,17 @@ def plot_stages(runs, topics, path):
 
 def relearn_table(args):
     """Forget rates before and after a relearning attack (appendix: fine-tuning on retain_train)."""
-    pairs = []
-    for arg in args.pairs:
+    for arg in args.pairs:                      # a malformed argument is a mistake, not an unfinished run
+        if not arg.rpartition("=")[2].partition(",")[2]:
+            raise data.UserError(f"{arg}: give NAME=BEFORE_EVAL,AFTER_EVAL")
+
+    def pair(arg):
         label, _, both = arg.rpartition("=")
         before, _, after = both.partition(",")
-        if not after:
-            raise data.UserError(f"{arg}: give NAME=BEFORE_EVAL,AFTER_EVAL")
-        pairs.append((label, entry(before), entry(after)))
+        return label, entry(before), entry(after)
+    pairs, missing = finished(pair, args.pairs, "relearning")
+    if not pairs:
+        raise data.UserError("nothing to tabulate: " + "; ".join(p for _, _, p in missing))
     keys = ["Q_D+I", "Q_R", "Q_All", "Retain"]
     head = ["Method"] + [f"{k} before" for k in keys] + [f"{k} after" for k in keys]
     lines = header([e for _, b, a in pairs for e in (b, a)], "Relearning")[:3] + [
@@ -211,6 +240,7 @@ def relearn_table(args):
     for label, before, after in pairs:
         lines.append("| " + " | ".join([label or before["label"]] +
                                        [evaluate.cell(e["metrics"]["average"], k) for e in (before, after) for k in keys]) + " |")
+    lines += missing_rows(missing, len(head))
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -89,3 +89,28 @@ def test_stages_and_relearn_tables(tmp_path):
     after = write_eval(tmp_path / "relearn" / "eval" / "final", 40.0, 46.0, run=run_info("nll", 1e-5), topics=topics)
     report.main(["relearn", str(tmp_path / "relearn.md"), f"jensunpp={seq / 'stage2_salem_witch_trials'},{after}"])
     assert "| jensunpp | 0.0 | 0.0 | 10.0 | 48.0 | 0.0 | 0.0 | 40.0 | 46.0 |" in (tmp_path / "relearn.md").read_text()
+
+
+def test_stages_and_relearn_keep_the_runs_that_finished(tmp_path, capsys):
+    """A block's runs that did not finish (out of memory, machine taken back) get a line saying so, and
+    the table holds the others; stderr names what is missing. Nothing finished, or a malformed pair: an error."""
+    topics = ("challenger_disaster", "salem_witch_trials")
+    seq = tmp_path / "dpo-sequential" / "eval"
+    write_eval(seq / "stage1_challenger_disaster", 0.0, 80.0, run=run_info("dpo", 3e-5), topics=topics)
+    joint = write_eval(tmp_path / "npo-joint" / "eval" / "final", 40.0, 75.0, run=run_info("npo", 8e-5), topics=topics)
+    gone = tmp_path / "jensunpp-sequential" / "eval"
+    out = tmp_path / "sequential.md"
+    report.main(["stages", str(out), f"dpo={seq}", f"jensunpp={gone}", "--joint", f"npo={joint}",
+                 f"dpo={tmp_path / 'dpo-joint' / 'eval' / 'final'}"])
+    text = out.read_text()
+    assert "| dpo | stage1_challenger_disaster | 0.0 | 0.0 | 0.0 | 80.0 | 0.0 |" in text
+    assert "| npo | joint (all topics at once) | 40.0 | 40.0 | 40.0 | 75.0 | 0.0 |" in text
+    assert "| jensunpp | sequential: not evaluated |" in text and "| dpo | joint: not evaluated |" in text
+    assert str(gone) in capsys.readouterr().err and out.with_suffix(".png").exists()
+    report.main(["relearn", str(tmp_path / "relearn.md"), f"npo={joint},{joint}", f"dpo={seq},{tmp_path / 'x'}"])
+    text = (tmp_path / "relearn.md").read_text()
+    assert "| npo | 0.0 | 0.0 | 40.0 | 75.0 |" in text and "| dpo | relearning: not evaluated |" in text
+    with pytest.raises(SystemExit, match="nothing to tabulate"):
+        report.main(["stages", str(out), f"jensunpp={gone}"])
+    with pytest.raises(SystemExit, match="give NAME=BEFORE_EVAL,AFTER_EVAL"):
+        report.main(["relearn", str(out), f"npo={joint}"])
