@@ -35,6 +35,7 @@ import utility
 from model import RANDOM_CONFIGS, Progress, generate, load_model, smollm2_folder
 
 MODEL = "random:llama-3.2-3b"
+CHALLENGER_PAIRS = 450         # forget/retain pairs of the topic bench.py trains on
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}      # dense bf16 FLOP/s, SXM parts
 
 
@@ -64,9 +65,9 @@ def bench_train(model, method, steps, warmup, out, extra):
         return None
     log = [json.loads(line) for line in open(log_path)]
     run_args = train.parse_args(train_argv(method, model, run, steps, extra))
-    per_epoch = math.ceil(450 / run_args.global_batch)                      # Challenger: 450 pairs
+    per_epoch = math.ceil(CHALLENGER_PAIRS / run_args.global_batch)
     steps_per_topic = per_epoch * run_args.epochs
-    is_small = lambda r: 450 % run_args.global_batch and r["step"] % per_epoch == 0   # an epoch's short last step
+    is_small = lambda r: CHALLENGER_PAIRS % run_args.global_batch and r["step"] % per_epoch == 0   # an epoch's short last step
     full = [r for r in log[warmup:] if not is_small(r)]
     if not full:
         raise SystemExit(f"bench train: {log_path} has no full steps after the {warmup} warm-up steps (raise --steps)")

@@ -164,13 +164,16 @@ for m in '$SMALL_METHODS'.split():
   if [[ " $SMALL_PARTS " == *" seq "* ]]; then
     # The relearning attack's LR, by the paper's rule (appendix, relearning): at least the highest LR of the
     # unlearning methods attacked (its 1e-5 for Llama; SmolLM2's picks are 3-30x the Llama LRs).
-    local relearn_lr=HIGHEST_PICKED_LR
-    if [ $DRY = 0 ]; then
-      relearn_lr=$(for m in $SMALL_SEQ_METHODS; do picked_flags "$out/sweep/$m.selected" 2>/dev/null || true; done |
-                   python -c "import sys; lrs = [float(l.split()[1]) for l in sys.stdin if l.startswith('--lr ')]; print('%g' % max(lrs + [1e-5]))")
-    fi
-    for m in $SMALL_SEQ_METHODS; do   # sequential, joint and relearning with the method's selected settings
+    local -A picked=()
+    local lrs="" relearn_lr=HIGHEST_PICKED_LR
+    for m in $SMALL_SEQ_METHODS; do
       flags=$(picked_flags "$out/sweep/$m.selected") || continue
+      picked[$m]=$flags; lr=${flags#--lr }; lrs+=" ${lr%% *}"
+    done
+    [ $DRY = 1 ] || relearn_lr=$(python -c "import sys; print('%g' % max(map(float, sys.argv[1:] + ['1e-5'])))" $lrs)
+    for m in $SMALL_SEQ_METHODS; do   # sequential, joint and relearning with the method's selected settings
+      [ -n "${picked[$m]:-}" ] || continue
+      flags=${picked[$m]}
       d=$out/seq/$m
       echo "python train.py --method $m --model $SMALL_INJECTED --topics all --mode sequential $flags $SMALL_SEQ_TRAIN_ARGS --print-every 60 --out $d-sequential > $d-sequential.log 2>&1 && python evaluate.py $d-sequential $SMALL_EVAL --skip rep rgq >> $d-sequential.log 2>&1"
       echo "python train.py --method $m --model $SMALL_INJECTED --topics all --mode joint $flags $SMALL_SEQ_TRAIN_ARGS --print-every 60 --out $d-joint > $d-joint.log 2>&1 && python evaluate.py $d-joint $SMALL_EVAL --skip rep rgq >> $d-joint.log 2>&1 && python train.py --method nll --relearn-set retain_train --model $d-joint/final --topics all --mode joint --lr $relearn_lr --out $d-relearn > $d-relearn.log 2>&1 && python evaluate.py $d-relearn $SMALL_EVAL --skip mmlu rep rgq >> $d-relearn.log 2>&1"
