@@ -3,6 +3,7 @@
 #
 #   ./run_all.sh --dry-run all           # print every command of every block
 #   MPS=1 ./run_all.sh small              # the small-scale reproduction on SmolLM2 (one GPU; RESULTS.md)
+#   MPS=1 GPUS="0 1 2 3" JOBS=12 ./run_all.sh small   # the same, its side-by-side runs spread over four GPUs
 #   NGPU=4 JUDGE_URL=http://127.0.0.1:8000/v1 ./run_all.sh sweeps single
 #
 # Blocks: small sweeps single sequential joint relearn ablations. Each block can run alone; the
@@ -14,7 +15,7 @@ cd "$(dirname "$0")"
 
 DRY=0
 if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
-[ $# -ge 1 ] || { sed -n '2,13p' "$0"; exit 1; }
+[ $# -ge 1 ] || { sed -n '2,12p' "$0"; exit 1; }
 
 NGPU=${NGPU:-1}
 RUNS=${RUNS:-runs}
@@ -36,10 +37,13 @@ SMALL_PROMPT=${SMALL_PROMPT:-chat}                     # block small: answer for
 # block small: extra train.py flags. Micro-batches of 8 reach the authors' global batch of 32 in 4
 # accumulation steps (half the GPU launches of 4 x 8).
 SMALL_TRAIN_ARGS=${SMALL_TRAIN_ARGS:---batch-size 8}
-# block small, part seq: its runs are four times as long (1,120-1,180 steps), so one micro-batch of 32 per step
+# block small, part seq: its runs are four times as long (1,120-1,180 steps; the relearning attack 560), so one micro-batch of 32 per step
 # (faster than 4 x 8: 27 s against 40 s for 30 steps with loading, SmolLM2, one H100), at 13-16 GB a process: the
 # pool's 3 at a time fit an 80 GB card (6 at once did not). Token means then run over 32 pairs, not 8 (RESULTS.md).
 SMALL_SEQ_TRAIN_ARGS=${SMALL_SEQ_TRAIN_ARGS:---batch-size 32}
+# block small: GPUS="0 1 2 3" spreads the pool's lines over these GPUs in turn (line i on the i-th, modulo
+# their number; $JOBS then counts the lines running on all of them together). Unset: every line on the default GPU.
+GPUS=${GPUS:-}
 # block small: MPS=1 starts a CUDA MPS daemon for the block (unless one runs), so that the kernels of the
 # side-by-side processes overlap instead of taking turns (12 SmolLM2 trainings on an H200: 44 -> 74 steps/s).
 MPS=${MPS:-0}
@@ -48,13 +52,14 @@ run() { echo "+ $*"; if [ $DRY = 0 ]; then "$@"; fi; }
 train() { run torchrun --nproc_per_node="$NGPU" train.py --refusal paper "$@"; }   # the paper's refusals; a later --refusal wins
 evaluate() { run python evaluate.py "$@" --judge "$JUDGE" --judge-url "$JUDGE_URL"; }
 
-pool() {   # run each line of stdin as a shell command, $JOBS at a time (small models share one GPU)
-  local line pid failed=0
+pool() {   # run each line of stdin as a shell command, $JOBS at a time (small models share a GPU; $GPUS in turn)
+  local line pid failed=0 n=0 gpus=($GPUS) device=()
   while IFS= read -r line; do
-    echo "+ $line"
+    [ ${#gpus[@]} = 0 ] || device=("CUDA_VISIBLE_DEVICES=${gpus[n++ % ${#gpus[@]}]}")
+    echo "+ ${device[*]:+${device[*]} }$line"
     [ $DRY = 1 ] && continue
     while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || failed=$((failed + 1)); done
-    OMP_NUM_THREADS=2 bash -c "$line" &
+    env OMP_NUM_THREADS=2 "${device[@]}" bash -c "$line" &
   done
   for pid in $(jobs -p); do wait "$pid" || failed=$((failed + 1)); done
   [ $failed = 0 ] || { echo "pool: $failed command(s) failed, see their .log files"; return 1; }
@@ -176,7 +181,7 @@ for m in '$SMALL_METHODS'.split():
       flags=${picked[$m]}
       d=$out/seq/$m
       echo "python train.py --method $m --model $SMALL_INJECTED --topics all --mode sequential $flags $SMALL_SEQ_TRAIN_ARGS --print-every 60 --out $d-sequential > $d-sequential.log 2>&1 && python evaluate.py $d-sequential $SMALL_EVAL --skip rep rgq >> $d-sequential.log 2>&1"
-      echo "python train.py --method $m --model $SMALL_INJECTED --topics all --mode joint $flags $SMALL_SEQ_TRAIN_ARGS --print-every 60 --out $d-joint > $d-joint.log 2>&1 && python evaluate.py $d-joint $SMALL_EVAL --skip rep rgq >> $d-joint.log 2>&1 && python train.py --method nll --relearn-set retain_train --model $d-joint/final --topics all --mode joint --lr $relearn_lr --out $d-relearn > $d-relearn.log 2>&1 && python evaluate.py $d-relearn $SMALL_EVAL --skip mmlu rep rgq >> $d-relearn.log 2>&1"
+      echo "python train.py --method $m --model $SMALL_INJECTED --topics all --mode joint $flags $SMALL_SEQ_TRAIN_ARGS --print-every 60 --out $d-joint > $d-joint.log 2>&1 && python evaluate.py $d-joint $SMALL_EVAL --skip rep rgq >> $d-joint.log 2>&1 && python train.py --method nll --relearn-set retain_train --model $d-joint/final --topics all --mode joint --lr $relearn_lr $SMALL_SEQ_TRAIN_ARGS --out $d-relearn > $d-relearn.log 2>&1 && python evaluate.py $d-relearn $SMALL_EVAL --skip mmlu rep rgq >> $d-relearn.log 2>&1"
     done | pool || echo "the tables hold the runs that finished"
     local seqs="" joints="" relearns=""
     for m in $SMALL_SEQ_METHODS; do

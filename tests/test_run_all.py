@@ -58,7 +58,7 @@ def test_small_block_parts():
         assert ("--relearn-set retain_train" in c) == ("--mode joint" in c)
         assert c.split(" > ")[0].endswith("--batch-size 32 --print-every 60 --out " + c.split("--out ")[1].split()[0])
     assert all("--model runs/small/seq/" + m + "-joint/final" in " ".join(seq) for m in ("jensunpp", "dpo", "npo"))
-    assert all("--lr HIGHEST_PICKED_LR" in c for c in seq if "--relearn-set retain_train" in c)   # the paper's rule
+    assert all("--lr HIGHEST_PICKED_LR --batch-size 32 --out" in c for c in seq if "--relearn-set retain_train" in c)   # the paper's rule
     assert any(c.startswith("+ python report.py stages runs/small/sequential.md") for c in commands)
     assert any(c.startswith("+ python report.py relearn runs/small/relearn.md") for c in commands)
     only = [l for l in dry_run("small", SMALL_PARTS="seq") if l.startswith("+ ")]
@@ -72,3 +72,28 @@ def test_small_block_starts_mps_only_when_asked_and_none_runs(tmp_path):
     (tmp_path / "control").touch()                       # a daemon's pipe: leave that daemon alone
     lines = dry_run("small", MPS="1", CUDA_MPS_PIPE_DIRECTORY=str(tmp_path))
     assert "MPS: a daemon is running already" in lines and not any("mps-control" in l for l in lines)
+
+
+def test_pool_runs_every_line_once_and_spreads_them_over_gpus(tmp_path):
+    """The block's real pool function (not a dry run): with GPUS, line i runs on the i-th GPU in turn, at
+    most $JOBS at a time; without GPUS, no line is given a device; a failed line makes the pool fail."""
+    script = (ROOT / "run_all.sh").read_text()
+    pool = script[script.index("pool() {"):script.index("\n}\n", script.index("pool() {")) + 3]
+    lines = "".join(f"echo $CUDA_VISIBLE_DEVICES > {tmp_path}/{i}\n" for i in range(5))
+
+    def run(gpus, extra=""):
+        for f in tmp_path.iterdir():
+            f.unlink()
+        return subprocess.run(["bash", "-c", f"set -euo pipefail; DRY=0 JOBS=2 GPUS='{gpus}'\n{pool}\npool"],
+                              input=lines + extra, capture_output=True, text=True, timeout=60)
+
+    out = run("0 1 3")
+    assert out.returncode == 0, out.stderr
+    assert [(tmp_path / str(i)).read_text().strip() for i in range(5)] == ["0", "1", "3", "0", "1"]
+    assert out.stdout.splitlines()[0] == f"+ CUDA_VISIBLE_DEVICES=0 echo $CUDA_VISIBLE_DEVICES > {tmp_path}/0"
+    out = subprocess.run(["bash", "-c", f"set -euo pipefail; unset CUDA_VISIBLE_DEVICES; DRY=0 JOBS=2 GPUS=''\n{pool}\npool"],
+                         input=lines, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert [(tmp_path / str(i)).read_text().strip() for i in range(5)] == [""] * 5
+    out = run("0", "false\n")
+    assert out.returncode != 0 and "pool: 1 command(s) failed" in out.stdout
