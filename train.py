@@ -152,6 +152,16 @@ def shard_model(model, device, bf16):
     return model
 
 
+def fsdp_accumulate(model, last):
+    """Gradient accumulation under FSDP: before the step's last micro-batch the gathered parameters stay
+    gathered after backward and the gradients stay on the rank (accumulated unsharded, in fp32), so a
+    step costs one gradient reduce-scatter and no re-gather between micro-batches, not one of each per
+    micro-batch (2 GPUs at global batch 32 ran no faster than one: bench.py, BENCHMARKS.md). Memory:
+    one unsharded fp32 gradient and bf16 parameter copy per rank while a step accumulates."""
+    model.set_requires_gradient_sync(last)
+    model.set_reshard_after_backward(last)
+
+
 def full_state_dict(model):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -468,8 +478,11 @@ class Trainer:
         number of tokens, and whether a checkpoint is due (--save-minutes since `last_save`)."""
         args, device, compute = self.args, self.device, self.compute
         step_tokens, stats_acc = 0, collections.defaultdict(float)
-        for indices, weight in step_micro_batches(self.trainset.epoch_order(epoch), in_epoch, args.global_batch,
-                                                  args.batch_size, self.rank, self.world):
+        micro_batches = step_micro_batches(self.trainset.epoch_order(epoch), in_epoch, args.global_batch,
+                                           args.batch_size, self.rank, self.world)
+        for i, (indices, weight) in enumerate(micro_batches):
+            if self.world > 1:
+                fsdp_accumulate(self.model, last=i == len(micro_batches) - 1)
             loss, stats, ntok = self.micro_step(indices, epoch, lambda_r)
             (loss * weight).backward()
             if self.shadow:

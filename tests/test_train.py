@@ -397,11 +397,13 @@ def _gloo_available():
 
 
 @pytest.mark.skipif(not _gloo_available(), reason="this torch build has no gloo backend")
-def test_fsdp_two_processes_on_cpu_match_one_process(tiny_model_path, tmp_path):
+@pytest.mark.parametrize("global_batch", [4, 8])
+def test_fsdp_two_processes_on_cpu_match_one_process(tiny_model_path, tmp_path, global_batch):
     """torchrun --nproc_per_node=2 with gloo: FSDP2 (fp32) equals the single-process run with the
-    same global batch and micro-batches (2 ranks x 2 vs 1 process x 2 micro-batches of 2)."""
+    same global batch and micro-batches of 2: one micro-batch per rank (4), or two, whose gradients
+    each rank accumulates before the step's one reduce-scatter (8; train.fsdp_accumulate)."""
     common = ["--method", "graddiff", "--model", tiny_model_path, "--data-root", str(FIXTURE), "--lr", "1e-3",
-              "--max-steps", "2", "--precision", "fp32", "--global-batch", "4", "--batch-size", "2",
+              "--max-steps", "2", "--precision", "fp32", "--global-batch", str(global_batch), "--batch-size", "2",
               "--refusal", REFUSAL]
     run_args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
                 str(ROOT / "train.py"), *common, "--out", str(tmp_path / "fsdp")]
