@@ -803,6 +803,10 @@ def _gives(ans, text, question, forget, echo, unit=None):
     words = _words(text)
     if _has_phrase(words, ans):
         return True
+    if len(words) > 1 and all(w[1] for w in words):     # a name run together ('RichardFeynmann', 'ChristaMcAuliffe')
+        joined = "".join(w[0] for w in words)
+        if len(joined) >= 8 and any(joined in t for t in ans["tokens"]):
+            return True
     forms = [f for f in (_reduced(words), _surname(text, question), None if forget else _head(words)) if f]
     if any(_has_phrase(f, ans) and not (echo and _has_phrase(f, echo)) for f in forms):
         return True

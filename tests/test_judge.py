@@ -236,6 +236,22 @@ def test_rule_last_names(gt, answer, question, want):
     assert ask("forget", gt, answer, question=question) == want
 
 
+@pytest.mark.parametrize("gt,answer,want", [
+    ("Richard Feynman", "RichardFeynmann", "YES"),            # an unlearned model's run-together, misspelt name
+    ("Christa McAuliffe", "the teacher was ChristaMcAuliffe.", "YES"),
+    ("Kennedy Space Center", "thekennedyspacecenter", "YES"),
+    ("Christa McAuliffe", "Christafcolm", "NO"),               # a mangled name is not the name
+    ("Richard Feynman", "feynmanrichard", "NO"),
+    ("New York", "newyorker", "NO"),                          # too short to tell a name run together from a word
+    ("O-ring", "oring", "NO"),                                # not a name
+])
+def test_rule_names_run_together(gt, answer, want):
+    """A name whose words run together in one token states the name, in both rubrics (the paper's judge
+    reads 'RichardFeynmann' as Richard Feynman); a joined name under 8 letters could be another word."""
+    assert ask("forget", gt, answer, question="Who was it?") == want
+    assert ask("retain", gt, answer, question="Who was it?") == want
+
+
 def test_rule_codes_and_echo():
     q_open, q_blank = "Which mission was lost?", "Mission ____ was lost."
     assert ask("forget", "STS-51-L", "51-l.", question=q_open) == "YES"
