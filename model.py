@@ -247,13 +247,14 @@ def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None
     Returns {view: {"logits" (B, K, V) fp32 predicting the labels, "own_logits" (B, K, V) at the labels'
     own positions, "labels", "weights", "answer_mask"[, "hidden" (B, K, d) at the labels' own positions]}},
     the (N, K + 1, V) logits they are slices of, and the number of real tokens processed.
-    `shape`: the fixed (B, T, K) of a compiled model: every view is filled up to B rows with copies of
-    its first sequence (their outputs are dropped: the last, smaller step of an epoch must not compile
-    a new graph) and collated to (T, K)."""
+    `shape`: the (B, T, K) of a compiled model: every view is filled up to B rows with copies of its first
+    sequence (their outputs are dropped: the last, smaller step of an epoch must not compile a new graph)
+    and collated to (T, K); T and K None keep the batch's own lengths (compiled blocks, dynamic shapes)."""
     names = list(seqs_by_view)
     rows_per_view = {n: shape[0] if shape else len(seqs_by_view[n]) for n in names}
     flat = [s for n in names for s in seqs_by_view[n] + seqs_by_view[n][:1] * (rows_per_view[n] - len(seqs_by_view[n]))]
-    batch = {k: v.to(device) for k, v in data.collate(flat, pad_id, scheme, min_k, shape and shape[1:]).items()}
+    fixed = shape[1:] if shape and shape[1] is not None else None
+    batch = {k: v.to(device) for k, v in data.collate(flat, pad_id, scheme, min_k, fixed).items()}
     K = batch["labels"].shape[1]
     captured = {}
     handle = None

@@ -315,7 +315,7 @@ class Trainer:
         self.ref_tokens = 0                              # tokens through the frozen model (benchmarks)
         self.skipped = 0                                 # updates skipped for a non-finite gradient
         self.bf16 = args.precision == "bf16"   # bf16 compute over fp32 master weights (see build_models)
-        self.shape = None                        # the fixed shape (rows per view, T, K) under --compile graphs
+        self.shape = None                        # under --compile: (rows per view, T, K), see prepare_loop
 
     def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta):
         """Train one stage; returns the exported folder (under --no-save, the starting model)."""
@@ -413,6 +413,11 @@ class Trainer:
             # sees one shape per batch size and compiles once.
             self.shape = (args.batch_size, *self.trainset.longest(spec["views"], self.needs_retain, args.epochs))
             print0(f"--compile graphs: every view padded to (rows, T, K) = {self.shape}")
+        elif args.compile == "blocks":
+            # Every view filled to the micro-batch's rows, lengths left to each batch: the epoch's short step
+            # then runs at the batch size the blocks compiled for (at its own, 1 or 2 rows, its first run took
+            # 13 s on one H100 and 42 s per rank under FSDP on two: BENCHMARKS.md).
+            self.shape = (args.batch_size, None, None)
         layer_key = spec.get("hidden")
         self.hooks = ((decoder_layers(self.compute)[self.hp[layer_key]], decoder_layers(self.ref)[self.hp[layer_key]])
                       if layer_key else (None, None))
@@ -539,10 +544,12 @@ class Trainer:
     def reference(self, view, kind, seqs, K):
         """Frozen-model outputs for one view: sequence log-probs (NPO, DPO), per-token logits (JS, UNDIAL)
         or a layer's hidden states (RMU). Prompts change every epoch (fresh in-context turns), so nothing
-        is cached across steps. Sequence scores run eagerly at the batch's own shape (the frozen model is
-        compiled only where it returns per-token outputs)."""
+        is cached across steps. Under --compile graphs sequence scores run eagerly at the batch's own shape
+        (the whole frozen model is compiled only where it returns per-token outputs); under --compile blocks
+        its blocks are compiled, so they get the filled rows too."""
         if kind == "seq_logprob":
-            out, _, n = forward_views(self.ref, {view: seqs[view]}, self.pad_id, "uniform", self.device)
+            fill = self.shape if self.args.compile == "blocks" else None
+            out, _, n = forward_views(self.ref, {view: seqs[view]}, self.pad_id, "uniform", self.device, shape=fill)
             self.ref_tokens += n
             return {"seq_logprob": losses.summed_logprob(out[view]["logits"], out[view]["labels"])}
         out, _, n = forward_views(self.ref, {view: seqs[view]}, self.pad_id, "uniform", self.device,

@@ -58,8 +58,8 @@ def test_a_tokenizer_without_pad_token_pads_with_eos(tmp_path, monkeypatch):
 def test_padding_to_the_stage_shape_leaves_the_loss_unchanged(tiny_model_path):
     """--compile graphs pads every view to the stage's shape (rows, T, K): the longest sequence and answer
     span of the stage, and the micro-batch size in rows (filler rows for the smaller last step of an
-    epoch, so that no new graph is compiled). Padding and filler rows leave the loss unchanged; a batch
-    that does not fit is an error, not a crop."""
+    epoch, so that no new graph is compiled); --compile blocks fills the rows only. Padding and filler
+    rows leave the loss unchanged; a batch that does not fit is an error, not a crop."""
     model, tokenizer = load_model(tiny_model_path)
     model.set_attn_implementation("eager")
     trainset = data.PairedTrainSet(tokenizer, ["challenger_disaster"], FIXTURE, refusal=REFUSAL, seed=0,
@@ -70,14 +70,17 @@ def test_padding_to_the_stage_shape_leaves_the_loss_unchanged(tiny_model_path):
     assert (T, K) == (max(len(s["ids"]) for s in every), max(len(s["targets"]) for s in every))
     seqs = trainset.views(list(range(6)), ("mixed",), True, 0)
     assert max(len(s["ids"]) for view in seqs.values() for s in view) < T     # so padding happens
-    summed = {}
-    for fixed in (None, (8, T, K)):                                          # 6 real rows of 8
+    summed, shapes = {}, {}
+    for fixed in (None, (8, T, K), (8, None, None)):     # 6 real rows; of 8 at the stage's (T, K) or their own
         out, logits, ntok = forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", shape=fixed)
         v = out["mixed"]
         assert v["logits"].shape[0] == 6
         summed[fixed] = float((losses.token_logprobs(v["logits"], v["labels"]) * v["weights"]).sum())
         assert ntok == sum(len(s["ids"]) for view in seqs.values() for s in view)
-    assert logits.shape[:2] == (16, K + 1)                       # 2 views x 8 rows; K predicting positions + 1
+        shapes[fixed] = tuple(logits.shape[:2])
+    k_own = max(len(s["targets"]) for view in seqs.values() for s in view)
+    assert shapes == {None: (12, k_own + 1), (8, T, K): (16, K + 1), (8, None, None): (16, k_own + 1)}  # 2 views
+    assert summed[(8, None, None)] == pytest.approx(summed[None], rel=1e-5)   # --compile blocks: rows filled only
     assert data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=(T, K))["input_ids"].shape == (6, T)
     assert summed[(8, T, K)] == pytest.approx(summed[None], rel=1e-5)
     with pytest.raises(ValueError, match="does not fit the fixed shape"):
