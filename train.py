@@ -447,11 +447,17 @@ class Trainer:
             truncate_log(Path(args.out) / "log.jsonl", self.stage_name, step)
         log = open(Path(args.out) / "log.jsonl", "a") if self.rank == 0 else None
         t0, tokens_seen, last_print, last_save, start_step = time.time(), 0, 0.0, time.time(), step
+        profiler = None
+        if args.profile_steps:
+            import bench                                 # only when profiling (bench imports this module)
+            profiler = bench.StepProfiler(self, step)
         while step < self.total:
             epoch, in_epoch = divmod(step, self.steps_per_epoch)
             lr = lr_at(step, self.total, self.steps_per_epoch, self.hp["lr"], args.lr_schedule)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
+            if profiler:
+                profiler.begin(step)
             t_step, ref_before = time.time(), self.ref_tokens
             host, grad_norm, lambda_r, step_tokens, save = self.optimizer_step(step, epoch, in_epoch, lambda_r, last_save)
             step += 1
@@ -461,9 +467,13 @@ class Trainer:
                       "step_time": time.time() - t_step, "time": time.time(), "tokens_per_s": tokens_seen / elapsed,
                       "tokens": step_tokens, "ref_tokens": self.ref_tokens - ref_before, "skipped_updates": self.skipped,
                       "peak_mem_gb": peak_memory_gb(self.device), **host}
+            if profiler and step - 1 in profiler.window:
+                record["profiled"] = True                # bench.py leaves these steps out of its means
             if log:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
+            if profiler:
+                t0 += profiler.end(step - 1)              # its post-processing is not training time
             if self.rank == 0 and (time.time() - last_print > args.print_every or step == self.total):
                 last_print = time.time()
                 eta = elapsed / (step - start_step) * (self.total - step)
@@ -603,6 +613,7 @@ FLAG_RULES = {"epochs": data.AT_LEAST_ONE, "global_batch": data.AT_LEAST_ONE, "b
               "lr": data.POSITIVE, "lambda_f": data.NON_NEGATIVE, "lambda_r": data.NON_NEGATIVE,
               "weight_decay": data.NON_NEGATIVE, "clip": data.POSITIVE,
               "max_steps": (lambda v: v >= 1, ">= 1 (leave it out for the whole schedule)"),
+              "profile_steps": data.NON_NEGATIVE, "profile_after": data.NON_NEGATIVE,
               "save_minutes": data.NON_NEGATIVE, "print_every": data.NON_NEGATIVE, "refusal": (lambda v: v.strip() != "", "auto, paper or a refusal sentence")}
 
 
@@ -651,6 +662,12 @@ def parse_args(argv=None):
     p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
                    help="bf16: bf16 compute over fp32 master weights (the training path); fp32: all fp32 (exact tests)")
     p.add_argument("--no-save", action="store_true", help="do not export the trained model (benchmarks)")
+    p.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                   help="profile N optimizer steps after the warm-up with torch.profiler and write a summary "
+                        "(RUN/profile_rank{r}.txt: kernel time by category, idle time, top kernels)")
+    p.add_argument("--profile-after", type=int, default=5, metavar="W",
+                   help="--profile-steps: the warm-up, steps done before profiling (the first full steps after it; "
+                        "never the first step, which compiles, nor an epoch's short last step)")
     p.add_argument("--compile", nargs="?", const="blocks", choices=["blocks", "graphs"],
                    help="GPU speed: torch.compile each decoder block (blocks, the default of a bare --compile), "
                         "or the whole model for padded fixed shapes, replayed as CUDA graphs (graphs; one GPU)")

@@ -1,13 +1,19 @@
-"""bench.py's side-by-side part on a tiny model (the GPU parts need a GPU and are run by hand)."""
+"""bench.py's side-by-side part, its train part and --profile on a tiny model (the GPU parts need a GPU and
+are run by hand).
+
+    python -m pytest -q tests/test_bench.py
+"""
 import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import bench
+import train
 from conftest import ROOT
 
 
@@ -34,17 +40,35 @@ def test_parallel_failure_names_the_log(tiny_model_path, tmp_path):
         bench.bench_parallel(tiny_model_path, 2, 2, 1, tmp_path, ["--lr", "not-a-number"])
 
 
+def check_profile(path, steps):
+    """A profile file: its category table has numbers per step that add up to more than 0, and its top
+    table lists ops with calls and times."""
+    text = path.read_text()
+    assert text.startswith(f"profile of optimizer steps {steps} ") and "CPU time (no CUDA: ops' self time)" in text
+    lines = text.splitlines()
+    first = lines.index(next(l for l in lines if l.startswith("category"))) + 1
+    last = lines.index(next(l for l in lines if l.startswith("sum of categories")))
+    table = {l[:66].strip(): float(l[66:].split()[0]) for l in lines[first:last]}
+    assert "GEMM" in table and all(v >= 0 for v in table.values()) and sum(table.values()) > 0
+    assert float(lines[last][66:].split()[0]) == pytest.approx(sum(table.values()), abs=0.01)
+    assert lines[last + 1].startswith("outside any op") and float(lines[last + 1][66:]) >= 0
+    top = lines[lines.index("top 25 by total time (CPU ops, self time):") + 2:]
+    assert 5 <= len(top) <= 25 and any("aten::mm" in l for l in top)
+    assert all(int(l.split()[1]) > 0 and float(l.split()[0]) >= 0 for l in top)
+
+
 @pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
                     reason="this torch build has no gloo backend")
 def test_train_part_under_torchrun(tmp_path):
-    """`torchrun --nproc_per_node=2 bench.py --parts train` (gloo on CPU) ends with rank 0's numbers.
-    Only rank 0 writes train.py's log; rank 1 used to read it too and, when it got there before rank 0's
-    last lines, failed and had torchrun kill rank 0 (a race: this test passes either way on a quiet CPU,
-    it checks the whole torchrun path)."""
+    """`torchrun --nproc_per_node=2 bench.py --parts train --profile 2` (gloo on CPU) ends with rank 0's
+    numbers and one profile file per rank. Only rank 0 writes train.py's log; rank 1 used to read it too
+    and, when it got there before rank 0's last lines, failed and had torchrun kill rank 0 (a race: this
+    test passes either way on a quiet CPU, it checks the whole torchrun path). The profiled steps (2-3,
+    after the warm-up step) are left out of the mean: it is over steps 4-5."""
     out = tmp_path / "bench"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29541",
            str(ROOT / "bench.py"), "--model", "random:tiny", "--parts", "train", "--methods", "graddiff",
-           "--steps", "3", "--warmup", "1", "--out", str(out),
+           "--steps", "5", "--warmup", "1", "--profile", "2", "--out", str(out),
            "--train-args", "--global-batch", "4", "--batch-size", "2", "--precision", "fp32"]
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
                           text=True, timeout=300)
@@ -52,6 +76,35 @@ def test_train_part_under_torchrun(tmp_path):
     [result] = json.loads((out / "bench.json").read_text())["train"]
     assert result["gpus"] == 2 and result["global_batch"] == 4 and result["batch_size"] == 2
     assert result["s_per_step"] > 0 and result["steps_per_topic"] == 113 * 20     # ceil(450 / 4) steps an epoch
+    log = [json.loads(l) for l in (out / "train_graddiff" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if r.get("profiled")] == [2, 3]
+    assert result["s_per_step"] == pytest.approx((log[3]["step_time"] + log[4]["step_time"]) / 2, abs=1e-4)
+    profiles = [out / "train_graddiff" / f"profile_rank{r}.txt" for r in range(2)]
+    assert result["profiles"] == [str(p) for p in profiles] and f"profile {profiles[0]} {profiles[1]}" in proc.stdout
+    for p in profiles:
+        check_profile(p, "2-3")
+    assert "rank 1 of 2" in profiles[1].read_text()
+
+
+def test_profiling_leaves_training_unchanged(tiny_model_path, tmp_path):
+    """train.py --profile-steps: the same losses and gradient norms at every step as without it. The
+    window (0-based steps) never holds the first step (compiling) nor an epoch's short last step (29 steps
+    an epoch at global batch 16: 28, 57, ... are short); steps that do not fit are not profiled at all."""
+    logs = []
+    for name, flags in (("plain", []), ("profiled", ["--profile-steps", "2", "--profile-after", "0"])):
+        train.main(["--method", "graddiff", "--model", tiny_model_path, "--out", str(tmp_path / name), "--max-steps", "4",
+                    "--global-batch", "4", "--batch-size", "2", "--precision", "fp32", "--no-save", "--refusal",
+                    "I don't know.", "--save-minutes", "0", *flags])
+        logs.append([json.loads(l) for l in (tmp_path / name / "log.jsonl").read_text().splitlines()])
+    keep = lambda r: {k: v for k, v in r.items() if k not in ("step_time", "time", "tokens_per_s", "peak_mem_gb", "profiled")}
+    assert [keep(r) for r in logs[0]] == [keep(r) for r in logs[1]]
+    assert [r["step"] for r in logs[1] if r.get("profiled")] == [2, 3]       # never step 1, which compiles
+    check_profile(tmp_path / "profiled" / "profile_rank0.txt", "2-3")
+    assert bench.profile_window(5, 3, 29, True, 0, 300) == range(5, 8)
+    assert bench.profile_window(26, 3, 29, True, 0, 300) == range(29, 32)   # not 26-28: step 28 is short
+    assert bench.profile_window(0, 3, 29, False, 0, 300) == range(1, 4)
+    assert bench.profile_window(5, 3, 29, True, 10, 300) == range(10, 13)   # resumed at step 10
+    assert not bench.profile_window(5, 3, 29, True, 0, 7)                   # does not fit
 
 
 def test_train_part_projects_a_topic_from_its_steps(tmp_path):
@@ -67,3 +120,34 @@ def test_train_part_projects_a_topic_from_its_steps(tmp_path):
     want = log[0]["step_time"] + 579 * sum(full) / len(full) + max(log[28]["step_time"] - sum(full) / len(full), 0)
     assert r["topic_minutes"] == pytest.approx(want / 60, abs=0.01)
     assert r["first_step_s"] == round(log[0]["step_time"], 1) and r["gpus"] == 1
+
+
+def test_profile_summary_of_cuda_kernels():
+    """The CUDA branch on made-up kernel events (2 steps, 10 ms of wall time): categories by name (flash
+    attention before GEMM though its name holds cutlass; NCCL split by collective), the union of
+    overlapping kernels for the idle time, GPU-side annotations and CPU ops left out."""
+    from torch.autograd import DeviceType
+    ev = lambda name, a, b, device=DeviceType.CUDA, kind="kernel": SimpleNamespace(
+        name=name, device_type=device, time_range=SimpleNamespace(start=a, end=b), activity_type=kind,
+        is_user_annotation=kind.endswith("user_annotation"), is_async=False, self_cpu_time_total=b - a)
+    events = [ev("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", 0, 2000),
+              ev("void flash::flash_fwd_kernel<cutlass::bfloat16_t, 128>", 2000, 3000),
+              ev("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", 1000, 4000),
+              ev("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 5000, 5500),
+              ev("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>", 6000, 6500),
+              ev("triton_poi_fused_add_mul_0", 6500, 7000),
+              ev("Memcpy HtoD (Pageable -> Device)", 7000, 7100, kind="gpu_memcpy"),
+              ev("void at::native::vectorized_elementwise_kernel<4, at::native::mul>", 7100, 7500),
+              ev("FSDP::all_gather", 0, 10000, kind="gpu_user_annotation"),
+              ev("aten::mm", 0, 10000, device=DeviceType.CPU, kind="cpu_op")]
+    text = bench.profile_summary(events, 0.010, 2, True, "title")
+    lines = text.splitlines()
+    table = {l[:66].strip(): float(l[66:].split()[0]) for l in lines[5:lines.index(next(l for l in lines if l.startswith("sum")))]}
+    assert table == {"GEMM": 1.0, "attention": 0.5, "communication: all-gather": 1.5, "communication: reduce-scatter": 0.25,
+                     "optimizer, foreach (Adam, clipping, grad sums, master copies)": 0.25,
+                     "triton fused kernels (inductor)": 0.25, "copies, memset": 0.05, "other (elementwise, reductions, ...)": 0.2}
+    assert "device (CUDA) kernel time per step" in text and "wall time: 0.0100 s for 2 steps = 5.00 ms/step" in text
+    assert float(next(l for l in lines if l.startswith("sum of categories"))[66:].split()[0]) == 4.0
+    assert float(next(l for l in lines if l.startswith("GPU idle"))[66:]) == 2.0      # 10 ms - 6 ms busy, per step
+    top = lines[lines.index("top 25 by total time (kernels):") + 2:]
+    assert len(top) == 8 and top[0].split()[:3] == ["3.000", "1", "37.5"] and "ncclDevKernel_AllGather" in top[0]
