@@ -180,7 +180,7 @@ def stages_table(args):
         raise data.UserError("nothing to tabulate: " + "; ".join(p for _, _, p in missing + missing_joint))
     topics = list((runs[0][0] if runs else joint[0])["metrics"]["topics"])
     head = ["Method", "after stage"] + [f"Q_All {t}" for t in topics] + ["Q_All avg", "Retain", "Gib"]
-    lines = header([e for r in runs for e in r] + joint, "Sequential and joint unlearning")[:3] + [
+    lines = header([e for r in runs for e in r] + joint, "Sequential and joint unlearning")[:4] + [
         "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for stages in runs:
         for e in stages:
@@ -235,7 +235,7 @@ def relearn_table(args):
         raise data.UserError("nothing to tabulate: " + "; ".join(p for _, _, p in missing))
     keys = ["Q_D+I", "Q_R", "Q_All", "Retain"]
     head = ["Method"] + [f"{k} before" for k in keys] + [f"{k} after" for k in keys]
-    lines = header([e for _, b, a in pairs for e in (b, a)], "Relearning")[:3] + [
+    lines = header([e for _, b, a in pairs for e in (b, a)], "Relearning")[:4] + [
         "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, before, after in pairs:
         lines.append("| " + " | ".join([label or before["label"]] +

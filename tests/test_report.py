@@ -86,9 +86,12 @@ def test_stages_and_relearn_tables(tmp_path):
     assert "| jensunpp | stage2_salem_witch_trials | 10.0 | 10.0 | 10.0 | 48.0 | 0.0 |" in text
     assert "| jensunpp | joint (all topics at once) | 30.0 | 30.0 | 30.0 | 45.0 | 0.0 |" in text
     assert out.with_suffix(".png").stat().st_size > 1000
+    assert "prompt format: chat\n\n| Method | after stage | Q_All " in text      # a blank line before the table's header
     after = write_eval(tmp_path / "relearn" / "eval" / "final", 40.0, 46.0, run=run_info("nll", 1e-5), topics=topics)
     report.main(["relearn", str(tmp_path / "relearn.md"), f"jensunpp={seq / 'stage2_salem_witch_trials'},{after}"])
-    assert "| jensunpp | 0.0 | 0.0 | 10.0 | 48.0 | 0.0 | 0.0 | 40.0 | 46.0 |" in (tmp_path / "relearn.md").read_text()
+    relearn = (tmp_path / "relearn.md").read_text()
+    assert "| jensunpp | 0.0 | 0.0 | 10.0 | 48.0 | 0.0 | 0.0 | 40.0 | 46.0 |" in relearn
+    assert "prompt format: chat\n\n| Method | Q_D+I before |" in relearn
 
 
 def test_stages_and_relearn_keep_the_runs_that_finished(tmp_path, capsys):
