@@ -104,12 +104,18 @@ def bench_train(model, method, steps, warmup, out, extra, profile=0):
     # step's excess over that is counted once (a recompile for its shape, if any); later short steps are
     # counted as full ones, an upper bound for them.
     topic_s = log[0]["step_time"] + (steps_per_topic - 1) * step_time + max((smalls or [0])[0] - step_time, 0)
+    # A step whose gradient was not finite skips the optimizer (train.py): its time and memory leave out
+    # Adam's update and moments, so it is no training step's (a random-weight model gave such steps).
+    skipped = log[-1]["skipped_updates"]
+    if skipped:
+        print(f"bench train: WARNING {skipped} of {len(log)} steps skipped their update (non-finite gradient norm): "
+              "s/step and peak memory leave out the optimizer step and its state", file=sys.stderr, flush=True)
     return {"method": method, "device": device, "gpus": world, "global_batch": run_args.global_batch,
             "batch_size": run_args.batch_size, "s_per_step": round(step_time, 4),
             "first_step_s": round(log[0]["step_time"], 1), "small_step_s": round(smalls[0], 2) if smalls else None,
             "tokens_per_s": round(tokens * world / step_time), "mfu_%": round(100 * flops / step_time / (peak * world), 1) if peak else None,
             "peak_mem_gb": round(max(r["peak_mem_gb"] for r in log), 1),
-            "topic_minutes": round(topic_s / 60, 2), "steps_per_topic": steps_per_topic,
+            "topic_minutes": round(topic_s / 60, 2), "steps_per_topic": steps_per_topic, "skipped_updates": skipped,
             **({"profiled_s_per_step": round(sum(profiled) / len(profiled), 4),
                 "profiles": [str(p) for p in profiles]} if profile else {})}
 

@@ -122,6 +122,20 @@ def test_train_part_projects_a_topic_from_its_steps(tmp_path):
     assert r["first_step_s"] == round(log[0]["step_time"], 1) and r["gpus"] == 1
 
 
+def test_train_part_reports_skipped_updates(tmp_path, capsys):
+    """A step whose gradient is not finite skips the optimizer (train.py), so its time is no training
+    step's: bench says how many there were. An absurd learning rate makes the weights overflow after the
+    first update (the 3B random-weight model under --compile gave such steps on an H100: BENCHMARKS.md)."""
+    r = bench.bench_train("random:tiny", "graddiff", 6, 1, tmp_path,
+                          ["--global-batch", "4", "--batch-size", "2", "--precision", "fp32", "--lr", "1e30"])
+    log = [json.loads(l) for l in (tmp_path / "train_graddiff" / "log.jsonl").read_text().splitlines()]
+    assert r["skipped_updates"] == log[-1]["skipped_updates"] >= 2
+    assert f"WARNING {r['skipped_updates']} of 6 steps skipped their update" in capsys.readouterr().err
+    r = bench.bench_train("random:tiny", "graddiff", 3, 1, tmp_path / "sane",
+                          ["--global-batch", "4", "--batch-size", "2", "--precision", "fp32"])
+    assert r["skipped_updates"] == 0 and "WARNING" not in capsys.readouterr().err
+
+
 def test_profile_summary_of_cuda_kernels():
     """The CUDA branch on made-up kernel events (2 steps, 10 ms of wall time): categories by name (flash
     attention before GEMM though its name holds cutlass; NCCL split by collective), the union of
