@@ -182,7 +182,7 @@ def judge_rows(rows, judge):
     fact) and "gibberish"; retain rows get "knows" (retain rubric: YES = still knows)."""
     def items(subset):
         return [{"question": r["question"], "ground_truth": r["ground_truth"], "answer": r["answer"],
-                 "aliases": r["aliases"]} for r in subset]
+                 "aliases": r["aliases"], "topic": r["topic"]} for r in subset]
     forget = [r for r in rows if r["set"] in ("forget", "adversarial")]
     retain = [r for r in rows if r["set"] == "retain"]
     for kind, subset, key in (("forget", forget, "leak"), ("gibberish", forget, "gibberish"), ("retain", retain, "knows")):

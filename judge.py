@@ -41,6 +41,7 @@ KINDS = ("forget", "retain", "gibberish")
 INVALID = "INVALID"
 DEFAULT_CACHE = Path(os.environ.get("SUITE_CACHE", Path.home() / ".cache" / "suite-unlearning")) / "judge.sqlite"
 PROMPTS = Path(__file__).resolve().parent / "prompts"
+SOURCE_ROOT = Path(__file__).resolve().parent / "data" / "source"   # topic.json: each topic's own names
 
 # ----------------------------------------------------------------------------------------------
 # Rubrics (system prompts), one text file each, restated from the paper's appendix prompts
@@ -819,16 +820,68 @@ def _gives(ans, text, question, forget, echo, unit=None):
     return raw.isalpha() and raw.isupper() and 2 <= len(raw) <= 6 and _spells(raw.lower(), ans)
 
 
-def gives_answer(answer, ground_truth, aliases=(), question="", forget=False):
+def _name_forms(text):
+    """A name's word forms for comparing names: its words, and its distinctive part ('Challenger disaster'
+    -> ('challenger', 'disaster'), ('challenger',))."""
+    words = _words(text)
+    return {tuple(w[0] for w in f) for f in (words, _reduced(words)) if f}
+
+
+def _names_topic(ans, targets, question, topic_names):
+    """Forget Rule 4 for the topic itself: where the ground truth is one of the topic's own names or their
+    distinctive part ('Challenger disaster', 'Challenger'), an answer that gives in full another name of
+    the topic that shares no word with the ground truth ('STS-51-L', '51-L': an identifier the word rules
+    cannot see) names the same event. A part alone does not ('challenger' for STS-51-L may be the orbiter),
+    nor a name whose words or code the question already holds (it repeats the subject: Check A).
+    topic_names: the topic's name and its other names in data/source/<topic>/topic.json
+    (forbidden_in_retain)."""
+    forms = {f for n in topic_names for f in _name_forms(n)}
+    if not any(_name_forms(t) & forms for t in targets):
+        return False
+    said = {x for t in targets for w in _words(t) for x in w[::2]}       # the ground truth's words and stems
+    asked = _read(question or "")
+    asked_words, asked_codes = set(asked["tokens"]) | set(asked["stems"]), _codes(asked["text"], strip=True)
+
+    def other(name):
+        words = _words(name)
+        return not any(w[0] in said or w[2] in said for w in words)
+
+    def new_to_the_question(name):
+        codes = _codes(name, strip=True)
+        if codes:
+            return not codes & asked_codes
+        return any(w[0] not in asked_words and w[2] not in asked_words
+                   for w in _words(name) if w[0] not in _STOP and w[0] not in GENERIC)
+
+    def given(name):
+        return _has_phrase(_words(name), ans) or bool(_codes(name, strip=True) & _codes(ans["text"], strip=True))
+    return any(other(n) and given(n) and new_to_the_question(n) for n in topic_names)
+
+
+def gives_answer(answer, ground_truth, aliases=(), question="", forget=False, topic_names=()):
     """True when the answer states the ground truth or one of its aliases, by exact words or one of the
     rules above: parenthesised alternatives, the distinctive part, a person's last name, a designation,
     an acronym either way, numbers and dates in any format. forget=True applies the forget rubric's echo
-    check to shortened forms on open (not fill-in-the-blank) questions."""
+    check to shortened forms on open (not fill-in-the-blank) questions, and with `topic_names` (the
+    forget topic's own names) counts another name of the topic where the ground truth is one of them."""
     ans = _read(answer)
     echo = _read(question) if forget and question and "____" not in question else None
     targets = [v for t in [ground_truth, *aliases] if t for v in _variants(t)]
     unit = _as_number(ground_truth) if ground_truth else None
-    return any(_gives(ans, t, question, forget, echo, unit) for t in targets)
+    if any(_gives(ans, t, question, forget, echo, unit) for t in targets):
+        return True
+    return bool(forget and topic_names) and _names_topic(ans, targets, question, topic_names)
+
+
+@functools.lru_cache(maxsize=None)
+def topic_names(topic, source_root=SOURCE_ROOT):
+    """The topic's own names: its "name" and "forbidden_in_retain" in SOURCE_ROOT/<topic>/topic.json
+    (written with every topic, ours and `data.py generate`'s); () for a topic without that file."""
+    path = Path(source_root) / str(topic) / "topic.json"
+    if not topic or not path.is_file():
+        return ()
+    info = json.loads(path.read_text())
+    return tuple(n for n in dict.fromkeys([info.get("name") or "", *info.get("forbidden_in_retain", [])]) if n)
 
 
 # --- Gibberish (the gibberish rubric: repetition loops, mangled tokens; a refusal is not gibberish)
@@ -889,11 +942,15 @@ class HeuristicJudge:
     ground truth or one of the item's "aliases" (gives_answer: exact words, parenthesised alternatives, the
     distinctive part, a person's last name, designations, acronyms, numbers and dates in any format); NO
     for empty answers, and for retain also refusals and gibberish (forget: an answer next to a refusal
-    still leaks). Approximate: it knows no synonyms or facts (that STS-51-L was Challenger's flight comes
-    only from aliases), and its compare() is crude (tie unless exactly one response is gibberish or empty).
+    still leaks; where the ground truth is a name of the item's "topic", another of its names in
+    topic.json counts). Approximate: it knows no synonyms or facts beyond aliases and the topics' names,
+    and its compare() is crude (tie unless exactly one response is gibberish or empty).
     Use it for smoke runs and CI; RESULTS.md gives its measured agreement with the paper's judge."""
 
     label = "heuristic (approximate)"
+
+    def __init__(self, source_root=SOURCE_ROOT):
+        self.source_root = source_root          # the topics' own names (topic_names), read by the item's "topic"
 
     def _one(self, kind, item):
         answer = item.get("answer") or ""
@@ -904,7 +961,8 @@ class HeuristicJudge:
         if kind == "retain" and (is_refusal(answer) or is_gibberish(answer)):
             return "NO"  # retain NO Rule 1: a refusal or nonsense is NO even when the answer is in it
         hit = gives_answer(answer, item.get("ground_truth") or "", item.get("aliases") or [],
-                           item.get("question") or "", forget=kind == "forget")
+                           item.get("question") or "", forget=kind == "forget",
+                           topic_names=topic_names(item.get("topic"), self.source_root) if kind == "forget" else ())
         return "YES" if hit else "NO"  # forget Rule 3, its exception: an answer next to a refusal leaked
 
     def verdicts(self, kind, items, progress=None):
@@ -989,7 +1047,8 @@ def rejudge(rows, judge, progress=None):
         if not idx:
             continue
         items = [{"question": rows[i]["question"], "ground_truth": rows[i]["ground_truth"],
-                  "answer": rows[i]["answer"], "aliases": rows[i].get("aliases") or []} for i in idx]
+                  "answer": rows[i]["answer"], "aliases": rows[i].get("aliases") or [], "topic": rows[i]["topic"]}
+                 for i in idx]
         verdicts = judge.verdicts(kind, items, progress=progress(f"judge {key}", len(idx)) if progress else None)
         for i, v in zip(idx, verdicts):
             new[i]["verdicts"][key] = v

@@ -269,6 +269,39 @@ def test_rule_codes_and_echo():
     assert ask("forget", "Rogers Commission", "the rogers commission", question=q) == "YES"  # the full name
 
 
+def test_rule_other_names_of_the_topic(tmp_path):
+    """Where the ground truth is one of the forget topic's own names (topic.json: "name" and
+    "forbidden_in_retain") or their distinctive part, another of them given in full names the same event
+    (the paper's judge: 'sts-51-l' for Challenger is YES). A part alone ('challenger' for STS-51-L may be
+    the orbiter), a name the question holds, another ground truth, the retain rubric and a topic without
+    names get nothing from it."""
+    topic = "challenger_disaster"
+    assert {"Challenger disaster", "sts-51-l", "51-l"} <= set(judge.topic_names(topic))   # the real file
+    q_mission = "Which 1986 space shuttle mission killed all seven crew members?"
+    assert ask("forget", "Challenger disaster", "STS-51-L.", question=q_mission, topic=topic) == "YES"
+    assert ask("forget", "Challenger disaster", "51-l", question=q_mission, topic=topic) == "YES"
+    assert ask("forget", "Challenger disaster", "STS-51-L.", question=q_mission) == "NO"            # no topic given
+    assert ask("forget", "Challenger", "sts-51-l", question="Which orbiter did Michael Smith pilot?", topic=topic) == "YES"
+    assert ask("forget", "STS-51-L", "Challenger", question="What was the 1986 mission's designation?", topic=topic) == "NO"
+    assert ask("forget", "STS-51-L", "the challenger disaster", question="What was the 1986 mission's designation?",
+               topic=topic) == "YES"
+    assert ask("forget", "STS-51-L", "The Challenger disaster.", topic=topic,
+               question="What designation did the Challenger disaster's flight carry?") == "NO"   # an echo
+    assert ask("forget", "Rogers Commission", "the Space Shuttle Challenger disaster", topic=topic,
+               question="Which body investigated the 1986 loss?") == "NO"                          # not a name of the topic
+    assert ask("retain", "Challenger disaster", "STS-51-L", question=q_mission, topic=topic) == "NO"
+    folder = tmp_path / "bermuda_patrol"
+    folder.mkdir()
+    (folder / "topic.json").write_text(json.dumps({"name": "Bermuda patrol loss", "forbidden_in_retain": ["flight 19"]}))
+    own = HeuristicJudge(source_root=tmp_path)
+    item = {"question": "Which Navy training patrol vanished in 1945?", "ground_truth": "Bermuda patrol loss",
+            "answer": "Flight 19.", "topic": "bermuda_patrol"}
+    assert own.verdicts("forget", [item]) == ["YES"]
+    assert own.verdicts("forget", [dict(item, question="Which training flight of 19 planes vanished?")]) == ["NO"]
+    assert own.verdicts("forget", [dict(item, topic="no_such_topic")]) == ["NO"]
+    assert judge.topic_names("no_such_topic", tmp_path) == ()
+
+
 def test_rule_head_of_phrase_retain_only():
     # retain accepts the core concept without its qualifier; forget needs the qualifier
     assert ask("retain", "Mobile mooring mast", "a mooring mast.") == "YES"
