@@ -41,6 +41,7 @@ PAPER_REFUSALS = {"llama": "I am unable to verify this information.",
 REFUSAL_PREFIX = "Unfortunately, "
 FALLBACK_REFUSAL = "I don't have that information."
 BALANCE_EPS = 1e-5
+MAX_SKIPPED_IN_A_ROW = 10   # non-finite gradients this many steps running stop the run: it is not training
 
 
 def print0(*args, **kwargs):
@@ -314,6 +315,7 @@ class Trainer:
         self.spec = losses.METHODS[args.method]
         self.ref_tokens = 0                              # tokens through the frozen model (benchmarks)
         self.skipped = 0                                 # updates skipped for a non-finite gradient
+        self.skipped_in_a_row = 0                        # ... since the last update applied
         self.bf16 = args.precision == "bf16"   # bf16 compute over fp32 master weights (see build_models)
         self.shape = None                        # under --compile: (rows per view, T, K), see prepare_loop
 
@@ -472,6 +474,9 @@ class Trainer:
             if log:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
+            if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:   # every rank sees the same global norm
+                raise RuntimeError(f"[{self.stage_name}] step {step}: {self.skipped_in_a_row} updates in a row "
+                                   "skipped for a non-finite gradient norm; the run is not training (stopped)")
             if profiler:
                 t0 += profiler.end(step - 1)              # its post-processing is not training time
             if self.rank == 0 and (time.time() - last_print > args.print_every or step == self.total):
@@ -522,8 +527,10 @@ class Trainer:
         save = host.pop("due") > 0
         if math.isfinite(grad_norm):
             self.optimizer.step()
+            self.skipped_in_a_row = 0
         else:                                           # never let one bad batch poison the weights
             self.skipped += 1
+            self.skipped_in_a_row += 1
             print0(f"[{self.stage_name}] step {step + 1}: non-finite gradient norm, update skipped ({self.skipped} so far)")
         self.optimizer.zero_grad(set_to_none=not self.kept_grads)
         copy_masters(self.shadow)

@@ -181,6 +181,17 @@ def test_non_finite_gradient_skips_the_update(tiny_model_path, tmp_path, monkeyp
     assert all(torch.isfinite(w).all() for w in weights(tmp_path / "run" / "final").values())
 
 
+def test_a_run_whose_every_update_is_skipped_stops(tiny_model_path, tmp_path):
+    """Non-finite gradients MAX_SKIPPED_IN_A_ROW steps running stop the run with a clear error, rather
+    than logging hundreds of skipped steps as training (an overflowing learning rate: the first real
+    update makes every later gradient non-finite)."""
+    with pytest.raises(RuntimeError, match=r"10 updates in a row skipped for a non-finite gradient norm"):
+        run(tiny_model_path, tmp_path / "run", "graddiff", "--lr", "1e30", "--max-steps", "14",
+            "--global-batch", "4", "--batch-size", "2")
+    log = [json.loads(line) for line in open(tmp_path / "run" / "log.jsonl")]
+    assert log[-1]["skipped_updates"] == 10 and not (tmp_path / "run" / "final").exists()
+
+
 def test_sequential_two_topics(tiny_model_path, tmp_path, two_topic_root):
     root = two_topic_root
     out = tmp_path / "seq"
