@@ -838,7 +838,7 @@ def _names_topic(ans, targets, question, topic_names):
     forms = {f for n in topic_names for f in _name_forms(n)}
     if not any(_name_forms(t) & forms for t in targets):
         return False
-    said = {x for t in targets for w in _words(t) for x in w[::2]}       # the ground truth's words and stems
+    said = {x for t in targets for w in _words(t) for x in (w[0], w[2])}     # the ground truth's words and stems
     asked = _read(question or "")
     asked_words, asked_codes = set(asked["tokens"]) | set(asked["stems"]), _codes(asked["text"], strip=True)
 
@@ -880,8 +880,14 @@ def topic_names(topic, source_root=SOURCE_ROOT):
     path = Path(source_root) / str(topic) / "topic.json"
     if not topic or not path.is_file():
         return ()
-    info = json.loads(path.read_text())
-    return tuple(n for n in dict.fromkeys([info.get("name") or "", *info.get("forbidden_in_retain", [])]) if n)
+    try:
+        info = json.loads(path.read_text())
+        names = [info.get("name") or "", *info.get("forbidden_in_retain", [])]
+        if not all(isinstance(n, str) for n in names):
+            raise ValueError('"name" and "forbidden_in_retain" must be strings')
+    except (ValueError, AttributeError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    return tuple(n for n in dict.fromkeys(names) if n)
 
 
 # --- Gibberish (the gibberish rubric: repetition loops, mangled tokens; a refusal is not gibberish)

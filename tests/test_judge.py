@@ -300,6 +300,10 @@ def test_rule_other_names_of_the_topic(tmp_path):
     assert own.verdicts("forget", [dict(item, question="Which training flight of 19 planes vanished?")]) == ["NO"]
     assert own.verdicts("forget", [dict(item, topic="no_such_topic")]) == ["NO"]
     assert judge.topic_names("no_such_topic", tmp_path) == ()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "topic.json").write_text('{"name": "x", "forbidden_in_retain": [3]}')
+    with pytest.raises(ValueError, match=r"broken/topic.json: .*must be strings"):
+        judge.topic_names("broken", tmp_path)
 
 
 def test_rule_head_of_phrase_retain_only():
