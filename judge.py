@@ -30,6 +30,7 @@ from pathlib import Path
 
 import requests
 
+import suite
 from data import is_refusal, normalise
 
 # Part of every cache key next to the messages. The messages carry the rubric and the user turn, so an
@@ -41,7 +42,6 @@ KINDS = ("forget", "retain", "gibberish")
 INVALID = "INVALID"
 DEFAULT_CACHE = Path(os.environ.get("SUITE_CACHE", Path.home() / ".cache" / "suite-unlearning")) / "judge.sqlite"
 PROMPTS = Path(__file__).resolve().parent / "prompts"
-SOURCE_ROOT = Path(__file__).resolve().parent / "data" / "source"   # topic.json: each topic's own names
 
 # ----------------------------------------------------------------------------------------------
 # Rubrics (system prompts), one text file each, restated from the paper's appendix prompts
@@ -874,14 +874,15 @@ def gives_answer(answer, ground_truth, aliases=(), question="", forget=False, to
 
 
 @functools.lru_cache(maxsize=None)
-def topic_names(topic, source_root=SOURCE_ROOT):
-    """The topic's own names: its "name" and "forbidden_in_retain" in SOURCE_ROOT/<topic>/topic.json
-    (written with every topic, ours and `data.py generate`'s); () for a topic without that file."""
+def topic_names(topic, source_root=suite.SOURCE_ROOT):
+    """The topic's own names: its "name" and "forbidden_in_retain" in <source_root>/<topic>/topic.json
+    (suite.topic_info; written with every topic, ours and `data.py generate`'s); () for a topic without
+    that file."""
     path = Path(source_root) / str(topic) / "topic.json"
     if not topic or not path.is_file():
         return ()
     try:
-        info = json.loads(path.read_text())
+        info = suite.topic_info(topic, source_root)
         names = [info.get("name") or "", *info.get("forbidden_in_retain", [])]
         if not all(isinstance(n, str) for n in names):
             raise ValueError('"name" and "forbidden_in_retain" must be strings')
@@ -955,7 +956,7 @@ class HeuristicJudge:
 
     label = "heuristic (approximate)"
 
-    def __init__(self, source_root=SOURCE_ROOT):
+    def __init__(self, source_root=suite.SOURCE_ROOT):
         self.source_root = source_root          # the topics' own names (topic_names), read by the item's "topic"
 
     def _one(self, kind, item):
