@@ -70,7 +70,8 @@ def smollm2_folder():
     so we copy its weights into a fresh LlamaForCausalLM (all keys match) and save that. Safe when
     several processes convert at once (parallel blocks): each saves into its own temporary folder and
     renames it into place, which is atomic; one that finds the folder taken by then uses the winner's."""
-    folder = CACHE_DIR / "smollm2-135m-instruct"
+    # "-v2": the special tokens are taken from the file (below); a folder converted before may not have them.
+    folder = CACHE_DIR / "smollm2-135m-instruct-v2"
     if (folder / "config.json").exists():
         return folder
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
@@ -87,6 +88,7 @@ def smollm2_folder():
     config = copy.deepcopy(loaded.config)
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
+    special_tokens_from_config(tokenizer, config)
     model = LlamaForCausalLM(config)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
@@ -103,6 +105,16 @@ def smollm2_folder():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def special_tokens_from_config(tokenizer, config):
+    """Set the tokenizer's bos/eos/pad/unk tokens to the ids the model's config gives. For SmolLM2's GGUF
+    the converted config holds the file's own (<|im_end|> ends a sequence and pads), while transformers
+    5.17 converts the tokenizer with <|im_start|> as its end of sequence and no padding token."""
+    for name in ("bos", "eos", "pad", "unk"):
+        token_id = getattr(config, f"{name}_token_id", None)
+        if token_id is not None:
+            setattr(tokenizer, f"{name}_token", tokenizer.convert_ids_to_tokens(token_id))
 
 
 def resolve_model_path(name):
@@ -187,8 +199,12 @@ def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False)
     if tokenizer.pad_token_id is None:   # e.g. the tokenizer converted from SmolLM2's GGUF has none
         tokenizer.pad_token = tokenizer.eos_token
     if name.startswith("random:"):
+        # No pad_token_id, so no padding_idx: the embedding would initialise that row to zeros, and the pad
+        # token is a real one of the chat template. With <|im_start|>, which starts every sequence, as pad
+        # (the tokenizer of transformers 5.17's conversion), every training gradient of the 3B was NaN on an
+        # H100 (BENCHMARKS.md). Padding is masked, so no row needs to be zero.
         config = LlamaConfig(**RANDOM_CONFIGS[name.split(":", 1)[1]], bos_token_id=tokenizer.bos_token_id,
-                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=None)
         torch.manual_seed(0)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)

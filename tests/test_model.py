@@ -14,7 +14,7 @@ import pytest
 import data
 import losses
 from conftest import FIXTURE, ROOT
-from model import forward_views, load_model, model_family, smollm2_folder
+from model import forward_views, load_model, model_family, smollm2_folder, special_tokens_from_config
 
 REFUSAL = "Unfortunately, I cannot answer that."
 
@@ -52,7 +52,25 @@ def test_a_tokenizer_without_pad_token_pads_with_eos(tmp_path, monkeypatch):
     monkeypatch.setattr("model.smollm2_folder", lambda: folder)
     model, tokenizer = load_model("random:tiny")
     assert tokenizer.pad_token_id == tokenizer.eos_token_id is not None
-    assert model.config.pad_token_id == tokenizer.pad_token_id
+    # No padding_idx, so no embedding row left at zero (with <|im_start|> as pad, the row of the token that
+    # starts every sequence was zero, and the 3B's gradients were NaN on an H100).
+    assert model.config.pad_token_id is None
+    assert model.get_input_embeddings().weight.abs().sum(-1).min() > 0
+
+
+def test_smollm2_tokenizer_has_the_files_special_tokens():
+    """The converted SmolLM2 tokenizer ends a sequence and pads with <|im_end|>, as the GGUF file and the
+    converted config say, whatever the transformers version; and the fix-up turns the tokenizer that
+    transformers 5.17 converted (end of sequence <|im_start|>, no pad) into that one."""
+    from transformers import AutoConfig, AutoTokenizer
+    folder = smollm2_folder()
+    config, tokenizer = AutoConfig.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert config.eos_token_id == config.pad_token_id == end_of_turn
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (config.bos_token_id, end_of_turn, end_of_turn)
+    tokenizer.eos_token, tokenizer.pad_token = "<|im_start|>", None          # as transformers 5.17 left it
+    special_tokens_from_config(tokenizer, config)
+    assert (tokenizer.eos_token, tokenizer.pad_token, tokenizer.bos_token) == ("<|im_end|>", "<|im_end|>", "<|im_start|>")
 
 
 def test_padding_to_the_stage_shape_leaves_the_loss_unchanged(tiny_model_path):
@@ -98,8 +116,8 @@ def test_smollm2_conversion_is_safe_when_two_processes_race(tmp_path):
     results = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
     folders = {out.strip().split("\n")[-1] for out, _ in results}
-    assert folders == {str(tmp_path / "smollm2-135m-instruct")}
+    assert folders == {str(tmp_path / "smollm2-135m-instruct-v2")}
     assert sum("converting" in out for out, _ in results) == 2            # both converted: a real race
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-instruct"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-instruct-v2"]
     from transformers import AutoModelForCausalLM
-    assert AutoModelForCausalLM.from_pretrained(tmp_path / "smollm2-135m-instruct").num_parameters() > 1e8
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "smollm2-135m-instruct-v2").num_parameters() > 1e8
