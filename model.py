@@ -196,7 +196,7 @@ def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False)
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
     path = str(smollm2_folder()) if name.startswith("random:") else resolve_model_path(name)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    if tokenizer.pad_token_id is None:   # e.g. the tokenizer converted from SmolLM2's GGUF has none
+    if tokenizer.pad_token_id is None:   # e.g. SmolLM2's GGUF tokenizer as transformers 5.17 converts it
         tokenizer.pad_token = tokenizer.eos_token
     if name.startswith("random:"):
         # No pad_token_id, so no padding_idx: the embedding would initialise that row to zeros, and the pad

@@ -418,7 +418,7 @@ class Trainer:
         elif args.compile == "blocks":
             # Every view filled to the micro-batch's rows, lengths left to each batch: the epoch's short step
             # then runs at the batch size the blocks compiled for (at its own, 1 or 2 rows, its first run took
-            # 13 s on one H100 and 42 s per rank under FSDP on two: BENCHMARKS.md).
+            # 13 s on one H100 and 42 s per rank under FSDP on two: BENCHMARKS.md at 7d13905).
             self.shape = (args.batch_size, None, None)
         layer_key = spec.get("hidden")
         self.hooks = ((decoder_layers(self.compute)[self.hp[layer_key]], decoder_layers(self.ref)[self.hp[layer_key]])
