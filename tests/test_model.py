@@ -1,5 +1,6 @@
 """model.py: the model family from the checkpoint's config, loading (a tokenizer without a pad token,
-SmolLM2's conversion under a race), and the batched forward's fixed-shape padding.
+SmolLM2's conversion under a race), the decoding attention (transformers' SDPA answers), and the batched
+forward's fixed-shape padding.
 
     python -m pytest tests/test_model.py -q
 """
@@ -10,11 +11,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import data
 import losses
 from conftest import FIXTURE, ROOT
-from model import forward_views, load_model, model_family, smollm2_folder, special_tokens_from_config
+from model import (GENERATION_ATTENTION, forward_views, generate, gqa_decode_attention, load_model, model_family,
+                   smollm2_folder, special_tokens_from_config, use_generation_attention)
 
 REFUSAL = "Unfortunately, I cannot answer that."
 
@@ -121,3 +124,41 @@ def test_smollm2_conversion_is_safe_when_two_processes_race(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-instruct-v2"]
     from transformers import AutoModelForCausalLM
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "smollm2-135m-instruct-v2").num_parameters() > 1e8
+
+
+@pytest.mark.parametrize("compiling", [False, True])
+def test_decoding_attention_equals_transformers_sdpa(monkeypatch, compiling):
+    """One query token of a grouped-query model, left padding masked: the same output as transformers'
+    SDPA (which repeats the keys and values per query head), on both paths (eager matmuls; SDPA when
+    compiled), with a boolean and with an additive mask."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    module = torch.nn.Module().eval()
+    module.num_key_value_groups, module.is_causal = 3, True
+    g = torch.Generator().manual_seed(0)
+    B, kv, L, d = 4, 2, 9, 8
+    query, key, value = (torch.randn(B, n, t, d, generator=g) for n, t in ((kv * 3, 1), (kv, L), (kv, L)))
+    keep = torch.ones(B, 1, 1, L, dtype=torch.bool)
+    keep[0, ..., :5] = False                             # left padding of two rows
+    keep[2, ..., :1] = False
+    additive = torch.zeros(B, 1, 1, L).masked_fill(~keep, torch.finfo(torch.float32).min)
+    for mask in (keep, additive, None):
+        ours, _ = gqa_decode_attention(module, query, key, value, mask, scaling=d ** -0.5)
+        theirs, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=d ** -0.5)
+        assert ours.shape == theirs.shape == (B, 1, kv * 3, d)
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_generation_attention_answers_as_sdpa(smollm2_path):
+    """load_model gives SDPA models the decoding attention; a real model's greedy answers are those of
+    transformers' SDPA, with the dynamic and the static cache (fp32, left-padded batches)."""
+    model, tok = load_model(smollm2_path)
+    assert model.config._attn_implementation == GENERATION_ATTENTION and model.config.num_key_value_heads < model.config.num_attention_heads
+    prompts = [data.prompt_ids(tok, q) for q in ["What is the capital of France?", "Hi",
+                                                  "Name three colours of the rainbow, one after the other.",
+                                                  "Who wrote the play Romeo and Juliet?", "What is 2+2?"]]
+    ours = {cache: generate(model, tok, prompts, 16, 4, cache=cache) for cache in (None, "static")}
+    use_generation_attention(model, "sdpa")
+    theirs = {cache: generate(model, tok, prompts, 16, 4, cache=cache) for cache in (None, "static")}
+    assert ours == theirs
+    assert sum(bool(a) for a in ours[None]) >= 4         # real answers, not empty strings
