@@ -375,10 +375,10 @@ def rescore(run_dir, max_invalid=MAX_INVALID, max_rgq_discarded=MAX_RGQ_DISCARDE
 
 def utility_metrics(get_model, out_dir, judge, parts=("mmlu", "rep", "rgq"), *, batch_size=DEFAULT_BATCH,
                     base_path=None, mmlu_file=None, mmlu_n=2000, seed=0, instructions=None, rep_n=500,
-                    rep_tokens=1000, rgq_n=100, rgq_tokens=512, long_cache=None,
+                    rep_tokens=1000, rgq_n=100, rgq_tokens=512, long_cache=None, long_batch_size=None,
                     max_rgq_discarded=MAX_RGQ_DISCARDED):
     """MMLU, Rep and RGQ (those in `parts`), each with progress lines and kept in utility.json once done
-    (a rerun skips it).
+    (a rerun skips it). Rep and RGQ generate `long_batch_size` at a time (default: batch_size).
     RGQ only with an LLM judge and a base model (else None, and the reason in rgq_note); it is judged
     again when the judge changed or discarded more pairs than --max-rgq-discarded (from the saved
     generations; the judge's cache holds every valid verdict, so only the discarded pairs are asked)."""
@@ -386,6 +386,7 @@ def utility_metrics(get_model, out_dir, judge, parts=("mmlu", "rep", "rgq"), *, 
     import utility
     path = Path(out_dir) / "utility.json"
     result = json.loads(path.read_text()) if path.exists() else {}
+    long_batch_size = long_batch_size or batch_size
     if "mmlu" in parts and "mmlu" not in result:
         t0 = time.time()
         rows = utility.load_mmlu(mmlu_file, n=mmlu_n, seed=seed)
@@ -398,10 +399,10 @@ def utility_metrics(get_model, out_dir, judge, parts=("mmlu", "rep", "rgq"), *, 
         t0 = time.time()
         prompts = utility.load_instructions(instructions)[:rep_n]
         model, tokenizer = get_model()
-        texts = utility.generate_long(model, tokenizer, prompts, rep_tokens, batch_size,
+        texts = utility.generate_long(model, tokenizer, prompts, rep_tokens, long_batch_size,
                                       Progress("Rep generate", len(prompts)), cache=long_cache)
         result["rep"] = utility.repetitiveness(texts)
-        result["rep_seconds"] = round(time.time() - t0, 1)
+        result["rep_seconds"], result["rep_batch_size"] = round(time.time() - t0, 1), long_batch_size
         (Path(out_dir) / "rep_generations.jsonl").write_text(
             "".join(json.dumps({"instruction": i, "answer": t}) + "\n" for i, t in zip(prompts, texts)))
         path.write_text(json.dumps(result, indent=1))
@@ -415,7 +416,7 @@ def utility_metrics(get_model, out_dir, judge, parts=("mmlu", "rep", "rgq"), *, 
         elif result.get("rgq_judge") != judge.label or rgq_discarded_share(result) > max_rgq_discarded:
             t0 = time.time()
             subset = utility.load_instructions(instructions)[:rgq_n]
-            base, new = rgq_generations(get_model, base_path, subset, out_dir, rgq_tokens, batch_size, long_cache)
+            base, new = rgq_generations(get_model, base_path, subset, out_dir, rgq_tokens, long_batch_size, long_cache)
             verdicts = utility.rgq_eval(judge, subset, base, new, progress=Progress("judge RGQ", 2 * len(subset)).to)
             result.update({f"rgq_{k}": v for k, v in verdicts.items()})
             result["rgq"] = result.pop("rgq_rgq") * 100 if result.get("rgq_rgq") is not None else None
@@ -546,8 +547,8 @@ def run_settings(config, run_dir, stage):
             "dir": str(run_dir), "stage": stage}
 
 
-FLAG_RULES = {name: data.AT_LEAST_ONE for name in ("batch_size", "judge_concurrency", "limit", "mmlu_n", "rep_n",
-                                                   "rep_tokens", "rgq_n", "rgq_tokens")}
+FLAG_RULES = {name: data.AT_LEAST_ONE for name in ("batch_size", "long_batch_size", "judge_concurrency", "limit",
+                                                   "mmlu_n", "rep_n", "rep_tokens", "rgq_n", "rgq_tokens")}
 FLAG_RULES.update(max_invalid=data.SHARE, max_rgq_discarded=data.SHARE)
 
 
@@ -579,7 +580,10 @@ def parse_args(argv=None):
     p.add_argument("--sets", nargs="+", default=["forget", "adversarial", "retain"],
                    choices=["forget", "adversarial", "retain"], help="query sets to evaluate (default: all)")
     p.add_argument("--limit", type=int, help="first N facts and N retain rows per category and tier (smoke runs)")
-    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH)
+    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="generation and MMLU batch (one H100, 3B: "
+                   "1024 for the answers; BENCHMARKS.md)")
+    p.add_argument("--long-batch-size", type=int, help="batch of the long generations (Rep, RGQ; default --batch-size; "
+                   "one H100, 3B: 256 fits)")
     p.add_argument("--long-cache", choices=["static", "dynamic"], default=None,
                    help="KV cache for the long generations (Rep, RGQ); default static on CUDA, where transformers "
                    "compiles its decoding step (README, Speed: SmolLM2's Rep 4.6x faster), dynamic elsewhere")
@@ -666,7 +670,7 @@ def evaluate_all(args, judge_module):
                if q["set"] in args.sets]
     options = dict(mmlu_file=args.mmlu_file, mmlu_n=args.mmlu_n, seed=args.seed, instructions=args.instructions,
                    rep_n=args.rep_n, rep_tokens=args.rep_tokens, rgq_n=args.rgq_n, rgq_tokens=args.rgq_tokens,
-                   long_cache=args.long_cache)
+                   long_cache=args.long_cache, long_batch_size=args.long_batch_size)
     for name, path in stages:
         out_dir = folders[name] = root_out / name if run_cfg else root_out
         print(f"== evaluating {path} -> {out_dir}")

@@ -326,17 +326,17 @@ def test_a_broken_judge_is_never_reported_as_forgetting(tiny_model_path, tmp_pat
 
 
 def test_utility_progress_and_no_heuristic_rgq(tiny_model_path, tmp_path, capsys):
-    """MMLU and Rep print progress lines with an ETA; RGQ with the heuristic judge is not computed (no
-    generation spent on it) and the report says why."""
+    """MMLU and Rep print progress lines with an ETA; Rep generates --long-batch-size at a time; RGQ with
+    the heuristic judge is not computed (no generation spent on it) and the report says why."""
     out = tmp_path / "eval"
     evaluate.main([tiny_model_path, "--data-root", str(FIXTURE), "--out", str(out), "--limit", "1", "--sets", "retain",
-                   "--mmlu-n", "8", "--rep-n", "2", "--rep-tokens", "4", "--base", tiny_model_path])
+                   "--mmlu-n", "8", "--rep-n", "2", "--rep-tokens", "4", "--base", tiny_model_path, "--long-batch-size", "1"])
     printed = capsys.readouterr().out
     for line in ("  MMLU: 8 to do", "  MMLU: 8/8 (100%)", "  Rep generate: 2 to do", "  Rep generate: 2/2 (100%)"):
         assert line in printed
     assert "eta" in printed.split("MMLU: 8/8")[1].split("\n")[0]
     u = json.loads((out / "utility.json").read_text())
-    assert u["rgq"] is None and u["rgq_note"] == evaluate.HEURISTIC_RGQ
+    assert u["rep_batch_size"] == 1 and u["rgq"] is None and u["rgq_note"] == evaluate.HEURISTIC_RGQ
     assert not (out / "rgq_generations.jsonl").exists() and "RGQ generate" not in printed
     assert f"RGQ -- ({evaluate.HEURISTIC_RGQ})" in (out / "report.md").read_text()
 
