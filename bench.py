@@ -18,6 +18,8 @@ only under CUDA MPS:
 --profile N: torch.profiler around N full optimizer steps right after the warm-up (train.py
 --profile-steps), summarised per rank in RUN/profile_rank{r}.txt: kernel time per step by category, the
 GPU's idle time, the top kernels (on CPU: the ops' self time). Those steps are left out of the means.
+For gen and rep it profiles one batch after the timed run, with its decoding and as prefill alone
+(OUT/profile_gen.txt, OUT/profile_rep.txt). --gen-attention sdpa measures transformers' own attention.
 Random weights never emit end-of-turn, so every generation runs to its token limit (the worst case).
 """
 import argparse

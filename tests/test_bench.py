@@ -1,5 +1,5 @@
-"""bench.py's side-by-side part, its train part and --profile on a tiny model (the GPU parts need a GPU and
-are run by hand).
+"""bench.py's side-by-side part, its train part and --profile on a tiny model; on a GPU (skipped elsewhere)
+the gen part's profile and the compiled decoding attention.
 
     python -m pytest -q tests/test_bench.py
 """
@@ -165,3 +165,33 @@ def test_profile_summary_of_cuda_kernels():
     assert float(next(l for l in lines if l.startswith("GPU idle"))[66:]) == 2.0      # 10 ms - 6 ms busy, per step
     top = lines[lines.index("top 25 by total time (kernels):") + 2:]
     assert len(top) == 8 and top[0].split()[:3] == ["3.000", "1", "37.5"] and "ncclDevKernel_AllGather" in top[0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the gen part and its profile need a GPU")
+def test_gen_part_profiles_a_batch_with_and_without_decoding(tmp_path):
+    """bench.py --parts gen --profile on a tiny random model (GPU): the timed result, then a profile file with
+    the decoding batch and its prefill alone, each with the kernel categories and the idle time."""
+    from model import load_model
+    model, tokenizer = load_model("random:tiny", torch.bfloat16, "cuda")
+    result = bench.bench_generation(model.eval(), tokenizer, 512, None, tmp_path / "profile_gen.txt")
+    assert result["queries"] > 1000 and result["seconds"] > 0 and result["profile"] == str(tmp_path / "profile_gen.txt")
+    decoding, prefill = (tmp_path / "profile_gen.txt").read_text().split("\n\n\nprofile of ")
+    assert "one batch of 512 prompts" in decoding and "50 new tokens" in decoding and "the prefill alone" in prefill
+    for text in (decoding, prefill):
+        assert "GEMM" in text and "GPU idle" in text and "(per step = per batch)" in text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled decoding step needs a GPU")
+def test_compiled_decoding_attention_answers_as_sdpa(smollm2_path):
+    """On a GPU the static cache's decoding step is compiled, so the decoding attention takes its SDPA path:
+    SmolLM2's greedy answers (fp32) equal those of transformers' SDPA there too."""
+    import data
+    from model import GENERATION_ATTENTION, generate, load_model, use_generation_attention
+    model, tok = load_model(smollm2_path, torch.float32, "cuda")
+    prompts = [data.prompt_ids(tok, q) for q in ["What is the capital of France?", "Hi",
+                                                  "Who wrote the play Romeo and Juliet?", "What is 2+2?"]]
+    answers = {}
+    for attention in (GENERATION_ATTENTION, "sdpa"):
+        use_generation_attention(model, attention)
+        answers[attention] = generate(model, tok, prompts, 12, 4, cache="static")
+    assert answers[GENERATION_ATTENTION] == answers["sdpa"] and sum(map(bool, answers["sdpa"])) >= 3
