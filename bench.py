@@ -386,8 +386,8 @@ def main():
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="train: profile N full steps after the warm-up (torch.profiler), written per rank to "
                         "RUN/profile_rank{r}.txt; those steps are left out of the averages. gen, rep (any N > 0): "
-                        "after the timed run, one batch profiled (at most 200 new tokens), with and without its decoding (OUT/profile_gen.txt, "
-                        "OUT/profile_rep.txt)")
+                        "after the timed run, one batch profiled (at most 200 new tokens), with and without its "
+                        "decoding (OUT/profile_gen.txt, OUT/profile_rep.txt)")
     p.add_argument("--gen-batch", type=int, default=512)
     p.add_argument("--gen-cache", choices=["static"], help="HF static KV cache for gen and rep (default: dynamic)")
     p.add_argument("--gen-attention", default=GENERATION_ATTENTION, choices=[GENERATION_ATTENTION, "sdpa"],

@@ -200,7 +200,8 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0,
     (BENCHMARKS.md). Equal greedy answers: tests/test_model.py."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     group = getattr(module, "num_key_value_groups", 1)
-    if query.shape[2] != 1 or group == 1 or kwargs.get("position_bias") is not None:
+    if (query.shape[2] != 1 or group == 1 or any(kwargs.get(k) is not None for k in ("position_bias", "s_aux", "softcap"))
+            or (attention_mask is not None and attention_mask.shape[1] != 1)):      # per-head masks, sinks: as is
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     B, H, _, d = query.shape
     query = query.reshape(B, H // group, group, d)

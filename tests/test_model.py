@@ -130,7 +130,7 @@ def test_smollm2_conversion_is_safe_when_two_processes_race(tmp_path):
 def test_decoding_attention_equals_transformers_sdpa(monkeypatch, compiling):
     """One query token of a grouped-query model, left padding masked: the same output as transformers'
     SDPA (which repeats the keys and values per query head), on both paths (eager matmuls; SDPA when
-    compiled), with a boolean and with an additive mask."""
+    compiled), with a boolean, an additive, no and a per-head mask."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
     module = torch.nn.Module().eval()
@@ -142,7 +142,7 @@ def test_decoding_attention_equals_transformers_sdpa(monkeypatch, compiling):
     keep[0, ..., :5] = False                             # left padding of two rows
     keep[2, ..., :1] = False
     additive = torch.zeros(B, 1, 1, L).masked_fill(~keep, torch.finfo(torch.float32).min)
-    for mask in (keep, additive, None):
+    for mask in (keep, additive, None, keep.expand(B, kv * 3, 1, L)):      # the last, per head, goes to transformers' own
         ours, _ = gqa_decode_attention(module, query, key, value, mask, scaling=d ** -0.5)
         theirs, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=d ** -0.5)
         assert ours.shape == theirs.shape == (B, 1, kv * 3, d)
