@@ -314,7 +314,6 @@ def profile_generation(model, tokenizer, prompts, new_tokens, batch_size, cache,
     by_length = sorted(prompts, key=len)
     mid = max(0, min(len(by_length) - batch_size, len(by_length) // 2 - batch_size // 2))
     batch = by_length[mid:mid + batch_size]
-    lengths = sorted(map(len, batch))
     texts = []
     for tokens in (min(new_tokens, 200), 1):
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
@@ -325,7 +324,7 @@ def profile_generation(model, tokenizer, prompts, new_tokens, batch_size, cache,
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
         prof.stop()
-        title = (f"profile of {what}: one batch of {len(batch)} prompts of {lengths[0]}-{lengths[-1]} tokens, "
+        title = (f"profile of {what}: one batch of {len(batch)} prompts of {len(batch[0])}-{len(batch[-1])} tokens, "
                  f"{tokens} new token{'s' * (tokens > 1)}{' (the prefill alone)' * (tokens == 1)}, "
                  f"cache {cache or 'dynamic'}, {torch.cuda.get_device_name()}, torch {torch.__version__}")
         texts.append(profile_summary(prof.events(), wall, 1, True, title, note="(per step = per batch)"))
@@ -369,9 +368,8 @@ def bench_rep(model, tokenizer, batch_size, n, tokens, cache=None, profile_path=
     result = {"instructions": len(texts), "new_tokens": tokens, "seconds": round(time.time() - t0, 1),
               "batch_size": batch_size, "cache": cache, "rep": round(utility.repetitiveness(texts), 1)}
     if profile_path:
-        prompts = [data.prompt_ids(tokenizer, text, system="") for text in instructions]   # as generate_long's
-        result["profile"] = profile_generation(model, tokenizer, prompts, tokens, batch_size, cache, profile_path,
-                                               "repetitiveness")
+        result["profile"] = profile_generation(model, tokenizer, utility.long_prompt_ids(tokenizer, instructions),
+                                               tokens, batch_size, cache, profile_path, "repetitiveness")
     return result
 
 

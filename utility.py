@@ -206,10 +206,14 @@ def load_instructions(path=None, n=None):
     return [row["instruction"] for row in rows][:n]
 
 
+def long_prompt_ids(tokenizer, instructions):
+    """The instructions through the chat template without our answer-only system message."""
+    return [data.prompt_ids(tokenizer, text, system="") for text in instructions]
+
+
 def generate_long(model, tokenizer, instructions, max_new_tokens=1000, batch_size=16, progress=None, cache=None):
-    """Greedy answers to the instructions through the chat template without our answer-only system
-    message (open-ended answers; paper: up to 1000 new tokens)."""
-    prompts = [data.prompt_ids(tokenizer, text, system="") for text in instructions]
+    """Greedy answers to the instructions (long_prompt_ids: open-ended answers; paper: up to 1000 new tokens)."""
+    prompts = long_prompt_ids(tokenizer, instructions)
     return generate(model, tokenizer, prompts, max_new_tokens, batch_size, progress, cache)
 
 
