@@ -7,6 +7,7 @@ train.py, evaluate.py, utility.py and bench.py import it; nothing here trains.
 """
 import copy
 import importlib.util
+import inspect
 import os
 import shutil
 import tempfile
@@ -262,10 +263,38 @@ def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False)
 # ----------------------------------------------------------------------------------------------
 # Generation and the training forward pass
 
+def common_prefix_length(seqs):
+    """Length of the token prefix all `seqs` share, leaving each at least its last token."""
+    n = min(len(s) for s in seqs) - 1
+    for s in seqs[1:]:
+        n = next((i for i in range(n) if s[i] != seqs[0][i]), n)
+    return max(n, 0)
+
+
+def cache_argument(model):
+    """The name under which the model's forward and generate take a KV cache: "cache" (transformers
+    5.24), "past_key_values" (earlier 5.x)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def prefix_cache(model, prefix_ids, rows):
+    """The dynamic KV cache of one (1, P) prefix, repeated for `rows` rows: a batch's shared prefix is
+    prefilled once (generate, dynamic cache)."""
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    model(input_ids=prefix_ids, use_cache=True, **{cache_argument(model): cache})
+    cache.batch_repeat_interleave(rows)
+    return cache
+
+
 @torch.inference_mode()
-def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progress=None, cache=None, suppress=()):
+def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progress=None, cache=None, suppress=(),
+             share_prefix=True):
     """Greedy answers for a list of prompt token-id lists. Left padding, prompts sorted by length and
-    batched; returns the decoded answers in input order (special tokens dropped). cache="static"
+    batched; returns the decoded answers in input order (special tokens dropped). With the dynamic cache
+    (and share_prefix) the prefix that a batch's prompts share (the paper format's instruction and examples: 76 of 150 tokens)
+    is prefilled once and each prompt's rest follows it after the padding (positions come from the
+    attention mask, so every token keeps its position of the unpadded prompt). cache="static"
     preallocates the KV cache (HF's static cache; on CUDA, transformers then compiles the decoding
     step): prompts are left-padded to a multiple of STATIC_PAD tokens, every batch is filled to
     batch_size with copies of its last prompt, and the longest prompts go first: transformers sizes
@@ -287,15 +316,18 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
         if cache == "static":
             T = -(-T // STATIC_PAD) * STATIC_PAD
             rows = batch_size
+        P = common_prefix_length([prompts[i] for i in idx]) if share_prefix and cache != "static" else 0
         ids = torch.full((rows, T), pad, dtype=torch.long)
         mask = torch.zeros((rows, T), dtype=torch.long)
         for b, i in enumerate(idx + [idx[-1]] * (rows - len(idx))):
-            ids[b, T - len(prompts[i]):] = torch.tensor(prompts[i])
-            mask[b, T - len(prompts[i]):] = 1
+            ids[b, :P], mask[b, :P] = torch.tensor(prompts[i][:P]), 1
+            ids[b, T - len(prompts[i]) + P:] = torch.tensor(prompts[i][P:])
+            mask[b, T - len(prompts[i]) + P:] = 1
+        past = prefix_cache(model, ids[:1, :P].to(device), rows) if P else None
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
                              max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad,
                              temperature=None, top_p=None, top_k=None, cache_implementation=cache,
-                             suppress_tokens=list(suppress) or None)
+                             suppress_tokens=list(suppress) or None, **({cache_argument(model): past} if P else {}))
         for b, i in enumerate(idx):
             answers[i] = tokenizer.decode(out[b, T:], skip_special_tokens=True).strip()
         if progress:

@@ -16,7 +16,7 @@ import torch
 import data
 import losses
 from conftest import FIXTURE, ROOT
-from model import (GENERATION_ATTENTION, forward_views, generate, gqa_decode_attention, load_model, model_family,
+from model import (GENERATION_ATTENTION, common_prefix_length, forward_views, generate, gqa_decode_attention, load_model, model_family,
                    smollm2_folder, special_tokens_from_config, use_generation_attention)
 
 REFUSAL = "Unfortunately, I cannot answer that."
@@ -147,6 +147,23 @@ def test_decoding_attention_equals_transformers_sdpa(monkeypatch, compiling):
         theirs, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=d ** -0.5)
         assert ours.shape == theirs.shape == (B, 1, kv * 3, d)
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_shared_prefix_prefilled_once_answers_as_left_padding(smollm2_path):
+    """generate prefills the prefix a batch's prompts share once (dynamic cache), the rest of each prompt
+    after the padding: on a real model (fp32) the greedy answers of the paper-format prompts, with and
+    without in-context examples, are those of plain left padding, in one batch and in two."""
+    import evaluate
+    model, tok = load_model(smollm2_path)
+    queries = evaluate.build_queries("challenger_disaster", FIXTURE)
+    picked = [q for q in queries if q["format"] == "context"][:3] + [q for q in queries if q["set"] == "retain"][:3]
+    prompts = [evaluate.query_prompt_ids(tok, q, "paper", None) for q in picked]
+    assert common_prefix_length(prompts) > 60 and common_prefix_length(prompts[3:]) > common_prefix_length(prompts)
+    assert common_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2 and common_prefix_length([[4, 2], [1, 2]]) == 0
+    for batch_size in (6, 3):
+        shared = generate(model, tok, prompts, 16, batch_size)
+        assert shared == generate(model, tok, prompts, 16, batch_size, share_prefix=False)
+    assert sum(bool(a) for a in shared) >= 4          # real answers (SmolLM2 answers two retain questions with nothing)
 
 
 def test_generation_attention_answers_as_sdpa(smollm2_path):
