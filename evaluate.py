@@ -152,9 +152,9 @@ def lazy_model(model_path):
 
 
 def generate_answers(get_model, queries, out_dir, batch_size, prompt_format="paper", system=data.SYSTEM_PROMPT,
-                     max_new_tokens=50):
+                     max_new_tokens=50, share_prefix=True):
     """Answers for all queries in `prompt_format`; finished ones (in that format) are read back from
-    answers.jsonl, new ones appended in chunks as they are produced."""
+    answers.jsonl, new ones appended in chunks as they are produced. `share_prefix`: see model.generate."""
     path = Path(out_dir) / "answers.jsonl"
     done = {k: v["answer"] for k, v in read_jsonl_dict(path).items() if v.get("prompt_format", "chat") == prompt_format}
     todo = [q for q in queries if q["id"] not in done]
@@ -168,7 +168,7 @@ def generate_answers(get_model, queries, out_dir, batch_size, prompt_format="pap
                 part = todo[start:start + chunk]
                 prompts = [query_prompt_ids(tokenizer, q, prompt_format, system) for q in part]
                 answers = generate(model, tokenizer, prompts, max_new_tokens, batch_size, progress,
-                                   suppress=thinking_token_ids(tokenizer))
+                                   suppress=thinking_token_ids(tokenizer), share_prefix=share_prefix)
                 for q, a in zip(part, answers):
                     done[q["id"]] = cut_paper_answer(a, qwen) if prompt_format == "paper" else a
                     f.write(json.dumps({"id": q["id"], "answer": done[q["id"]], "prompt_format": prompt_format},
@@ -496,7 +496,7 @@ def resolve_stages(ckpt):
 def evaluate_model(model_path, out_dir, queries, judge, *, batch_size=DEFAULT_BATCH, prompt_format="paper",
                    system_prompt=data.SYSTEM_PROMPT, utility_parts=("mmlu", "rep", "rgq"), utility_options=None,
                    base_path=None, base_eval=None, nll_topics=(), data_root=data.DEFAULT_ROOT, run_info=None,
-                   max_invalid=MAX_INVALID, max_rgq_discarded=MAX_RGQ_DISCARDED):
+                   max_invalid=MAX_INVALID, max_rgq_discarded=MAX_RGQ_DISCARDED, share_prefix=True):
     """Answers, verdicts, utility and metrics of one model for `queries` (build_queries rows), written
     into out_dir. `utility_options` go to utility_metrics; `base_eval`, an evaluation folder of the base
     model, adds the NLL before/after analysis over `nll_topics`; `run_info` (the training settings of the
@@ -505,7 +505,8 @@ def evaluate_model(model_path, out_dir, queries, judge, *, batch_size=DEFAULT_BA
     t = {}
     t0 = time.time()
     get_model = lazy_model(model_path)
-    answers = generate_answers(get_model, queries, out_dir, batch_size, prompt_format, system_prompt)
+    answers = generate_answers(get_model, queries, out_dir, batch_size, prompt_format, system_prompt,
+                               share_prefix=share_prefix)
     t["generate_s"] = round(time.time() - t0, 1)
     for q in queries:
         q["answer"], q["prompt_format"] = answers[q["id"]], prompt_format
@@ -582,6 +583,9 @@ def parse_args(argv=None):
     p.add_argument("--limit", type=int, help="first N facts and N retain rows per category and tier (smoke runs)")
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="generation and MMLU batch (one H100, 3B: "
                    "1024 for the answers; BENCHMARKS.md)")
+    p.add_argument("--no-shared-prefix", action="store_true",
+                   help="prefill every prompt whole, not a batch's shared prefix once (the same answers up to bf16 "
+                   "rounding, which random-weight models amplify; slower: BENCHMARKS.md)")
     p.add_argument("--long-batch-size", type=int, help="batch of the long generations (Rep, RGQ; default --batch-size; "
                    "one H100, 3B: 256 fits)")
     p.add_argument("--long-cache", choices=["static", "dynamic"], default=None,
@@ -683,7 +687,7 @@ def evaluate_all(args, judge_module):
             utility_parts=[p for p in ("mmlu", "rep", "rgq") if p not in args.skip], utility_options=options,
             base_path=base, base_eval=args.base_eval, nll_topics=args.topics, data_root=args.data_root,
             run_info=run_settings(trained, run_dir, name), max_invalid=args.max_invalid,
-            max_rgq_discarded=args.max_rgq_discarded)
+            max_rgq_discarded=args.max_rgq_discarded, share_prefix=not args.no_shared_prefix)
     if run_cfg and len(stages) > 1:
         lines = ["# Forget rate across stages (Q_All per topic after each stage)", "",
                  "| Stage | " + " | ".join(args.topics) + " | Retain |", "|" + "---|" * (len(args.topics) + 2)]

@@ -341,6 +341,22 @@ def test_utility_progress_and_no_heuristic_rgq(tiny_model_path, tmp_path, capsys
     assert f"RGQ -- ({evaluate.HEURISTIC_RGQ})" in (out / "report.md").read_text()
 
 
+def test_answers_without_the_shared_prefix_are_the_same(smollm2_path, tmp_path):
+    """--no-shared-prefix prefills every prompt whole; a real model's answers (fp32) are those of the shared
+    prefix. bf16 rounds the two differently, and SmolLM2's answers flip at rounding noise (as with another
+    batch size: BENCHMARKS.md), so this compares fp32 answers through generate_answers."""
+    assert evaluate.parse_args(["ckpt", "--no-shared-prefix"]).no_shared_prefix
+    model, tok = load_model(smollm2_path)
+    queries = evaluate.build_queries("challenger_disaster", FIXTURE, limit=1)[::6]
+    answers = {}
+    for share in (True, False):
+        (tmp_path / str(share)).mkdir()
+        answers[share] = evaluate.generate_answers(lambda: (model, tok), queries, tmp_path / str(share), 8,
+                                                   share_prefix=share)
+    assert answers[True] == answers[False] and len(answers[True]) == len(queries) > 16
+    assert sum(bool(a) for a in answers[True].values()) > len(queries) / 2
+
+
 def test_bad_input_is_one_line_and_leaves_no_folder(tiny_model_path, tmp_path, fixture_root):
     """Each mistake: exit 1 with one line naming the file, line or flag, before any model loads, and no
     output folder (no CKPT/eval, no runs/eval_<name>, no --out)."""
