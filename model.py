@@ -277,13 +277,59 @@ def cache_argument(model):
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def prefix_cache(model, prefix_ids, rows):
-    """The dynamic KV cache of one (1, P) prefix, repeated for `rows` rows: a batch's shared prefix is
-    prefilled once (generate, dynamic cache)."""
+def _reserved_layer_class():
+    """transformers' DynamicLayer writing into buffers reserved for the whole generation (class made on
+    first use: transformers is imported lazily)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class ReservedLayer(DynamicLayer):
+        """A dynamic cache layer whose keys and values are views of buffers of `capacity` tokens: each
+        step writes its token in place, where DynamicLayer concatenates the whole cache anew (20 of a
+        77 ms decoding step at batch 1024 on the 3B, BENCHMARKS.md). Past capacity it concatenates."""
+
+        def __init__(self, capacity):
+            super().__init__()
+            self.capacity = capacity
+
+        def reserve(self, key_states, value_states, rows):
+            B, H, _, d = key_states.shape
+            self.device, self.is_initialized = key_states.device, True
+            self.key_buffer = key_states.new_empty(rows, H, self.capacity, d)
+            self.value_buffer = value_states.new_empty(rows, value_states.shape[1], self.capacity, value_states.shape[-1])
+            self.keys, self.values = self.key_buffer[:, :, :0], self.value_buffer[:, :, :0]
+            self.in_place = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.reserve(key_states, value_states, key_states.shape[0])
+            n, m = self.get_seq_length(), self.get_seq_length() + key_states.shape[-2]
+            if m > self.capacity or not self.in_place:
+                self.in_place = False
+                return super().update(key_states, value_states, *args, **kwargs)
+            self.key_buffer[:, :, n:m] = key_states          # a (1, H, P, d) prefix fills every row
+            self.value_buffer[:, :, n:m] = value_states
+            self.keys, self.values = self.key_buffer[:, :, :m], self.value_buffer[:, :, :m]
+            return self.keys, self.values
+
+    return ReservedLayer
+
+
+def reserved_cache(model, rows, capacity, prefix_ids=None):
+    """HF's dynamic KV cache for `rows` rows of up to `capacity` tokens, its full-attention layers
+    written in place (ReservedLayer); with `prefix_ids` (1, P) it holds that prefix, prefilled once."""
     from transformers import DynamicCache
-    cache = DynamicCache(config=model.config)
-    model(input_ids=prefix_ids, use_cache=True, **{cache_argument(model): cache})
-    cache.batch_repeat_interleave(rows)
+    from transformers.cache_utils import DynamicLayer
+    cache, reserved = DynamicCache(config=model.config), _reserved_layer_class()
+    if prefix_ids is not None:
+        model(input_ids=prefix_ids, use_cache=True, **{cache_argument(model): cache})
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is DynamicLayer:            # sliding-window and other layers stay as transformers made them
+            cache.layers[i] = reserved(capacity)
+            if prefix_ids is not None:
+                cache.layers[i].reserve(layer.keys, layer.values, rows)
+                cache.layers[i].update(layer.keys, layer.values)
+        elif prefix_ids is not None:
+            layer.batch_repeat_interleave(rows)
     return cache
 
 
@@ -291,10 +337,11 @@ def prefix_cache(model, prefix_ids, rows):
 def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progress=None, cache=None, suppress=(),
              share_prefix=True):
     """Greedy answers for a list of prompt token-id lists. Left padding, prompts sorted by length and
-    batched; returns the decoded answers in input order (special tokens dropped). With the dynamic cache
-    (and share_prefix) the prefix that a batch's prompts share (the paper format's instruction and examples: 76 of 150 tokens)
-    is prefilled once and each prompt's rest follows it after the padding (positions come from the
-    attention mask, so every token keeps its position of the unpadded prompt). cache="static"
+    batched; returns the decoded answers in input order (special tokens dropped). The dynamic cache is
+    written in place (reserved_cache), and with share_prefix the prefix that a batch's prompts share (the
+    paper format's instruction and examples: 76 of 150 tokens) is prefilled once, each prompt's rest
+    following it after the padding (positions come from the attention mask, so every token keeps its
+    position in the unpadded prompt). cache="static"
     preallocates the KV cache (HF's static cache; on CUDA, transformers then compiles the decoding
     step): prompts are left-padded to a multiple of STATIC_PAD tokens, every batch is filled to
     batch_size with copies of its last prompt, and the longest prompts go first: transformers sizes
@@ -323,11 +370,12 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
             ids[b, :P], mask[b, :P] = torch.tensor(prompts[i][:P]), 1
             ids[b, T - len(prompts[i]) + P:] = torch.tensor(prompts[i][P:])
             mask[b, T - len(prompts[i]) + P:] = 1
-        past = prefix_cache(model, ids[:1, :P].to(device), rows) if P else None
+        past = None if cache == "static" else reserved_cache(model, rows, T + max_new_tokens,
+                                                              ids[:1, :P].to(device) if P else None)
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
                              max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad,
                              temperature=None, top_p=None, top_k=None, cache_implementation=cache,
-                             suppress_tokens=list(suppress) or None, **({cache_argument(model): past} if P else {}))
+                             suppress_tokens=list(suppress) or None, **({cache_argument(model): past} if past else {}))
         for b, i in enumerate(idx):
             answers[i] = tokenizer.decode(out[b, T:], skip_special_tokens=True).strip()
         if progress:

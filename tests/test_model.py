@@ -16,8 +16,8 @@ import torch
 import data
 import losses
 from conftest import FIXTURE, ROOT
-from model import (GENERATION_ATTENTION, common_prefix_length, forward_views, generate, gqa_decode_attention, load_model, model_family,
-                   smollm2_folder, special_tokens_from_config, use_generation_attention)
+from model import (GENERATION_ATTENTION, cache_argument, common_prefix_length, forward_views, generate, gqa_decode_attention, load_model, model_family,
+                   reserved_cache, smollm2_folder, special_tokens_from_config, use_generation_attention)
 
 REFUSAL = "Unfortunately, I cannot answer that."
 
@@ -164,6 +164,29 @@ def test_shared_prefix_prefilled_once_answers_as_left_padding(smollm2_path):
         shared = generate(model, tok, prompts, 16, batch_size)
         assert shared == generate(model, tok, prompts, 16, batch_size, share_prefix=False)
     assert sum(bool(a) for a in shared) >= 4          # real answers (SmolLM2 answers two retain questions with nothing)
+
+
+def test_reserved_cache_holds_what_a_full_forward_computes():
+    """reserved_cache: a (1, P) prefix prefilled once for 2 rows, then a 2-token chunk and single tokens,
+    the last ones past the reserved capacity (where it concatenates), give the logits of one forward over
+    the whole rows; a sliding-window model keeps transformers' own layers for those (fp32, tiny models)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig
+    shape = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2)
+    for config in (LlamaConfig(**shape), MistralConfig(**shape, sliding_window=5)):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config).eval()
+        ids = torch.randint(0, 64, (2, 10))
+        ids[1, :4] = ids[0, :4]                                           # the shared prefix
+        with torch.no_grad():
+            full = model(input_ids=ids).logits
+            cache = reserved_cache(model, rows=2, capacity=8, prefix_ids=ids[:1, :4])
+            reserved = [type(layer).__name__ == "ReservedLayer" for layer in cache.layers]
+            assert reserved == [config.model_type == "llama"] * 2
+            for a, b in ((4, 6), (6, 7), (7, 8), (8, 9), (9, 10)):       # 8 tokens reserved: the last two concatenate
+                step = model(input_ids=ids[:, a:b], use_cache=True, **{cache_argument(model): cache}).logits
+                torch.testing.assert_close(step, full[:, a:b], rtol=1e-5, atol=1e-5)
+        assert cache.get_seq_length() == 10
 
 
 def test_generation_attention_answers_as_sdpa(smollm2_path):
