@@ -6,6 +6,7 @@ train.py, evaluate.py, utility.py and bench.py import it; nothing here trains.
     answers = generate(model, tokenizer, [data.prompt_ids(tokenizer, "Who built the Shuttle?")])
 """
 import copy
+import functools
 import importlib.util
 import inspect
 import os
@@ -277,9 +278,10 @@ def cache_argument(model):
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+@functools.cache
 def _reserved_layer_class():
-    """transformers' DynamicLayer writing into buffers reserved for the whole generation (class made on
-    first use: transformers is imported lazily)."""
+    """transformers' DynamicLayer writing into buffers reserved for the whole generation (the class is
+    made on first use: transformers is imported lazily)."""
     from transformers.cache_utils import DynamicLayer
 
     class ReservedLayer(DynamicLayer):
@@ -292,10 +294,10 @@ def _reserved_layer_class():
             self.capacity = capacity
 
         def reserve(self, key_states, value_states, rows):
-            B, H, _, d = key_states.shape
+            (_, H, _, d), (_, Hv, _, dv) = key_states.shape, value_states.shape
             self.device, self.is_initialized = key_states.device, True
             self.key_buffer = key_states.new_empty(rows, H, self.capacity, d)
-            self.value_buffer = value_states.new_empty(rows, value_states.shape[1], self.capacity, value_states.shape[-1])
+            self.value_buffer = value_states.new_empty(rows, Hv, self.capacity, dv)
             self.keys, self.values = self.key_buffer[:, :, :0], self.value_buffer[:, :, :0]
             self.in_place = True
 
@@ -312,6 +314,16 @@ def _reserved_layer_class():
             return self.keys, self.values
 
     return ReservedLayer
+
+
+def full_attention_cache(model):
+    """Whether transformers' dynamic cache for this model holds only full-attention layers. Only then may
+    padding sit between a shared prefix and the rest: a sliding window counts cache slots, padding included,
+    and a recurrent layer's state would run through the padding."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+    layers = DynamicCache(config=model.config).layers
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
 def reserved_cache(model, rows, capacity, prefix_ids=None):
@@ -341,7 +353,7 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
     written in place (reserved_cache), and with share_prefix the prefix that a batch's prompts share (the
     paper format's instruction and examples: 76 of 150 tokens) is prefilled once, each prompt's rest
     following it after the padding (positions come from the attention mask, so every token keeps its
-    position in the unpadded prompt). cache="static"
+    position in the unpadded prompt; full-attention models only). cache="static"
     preallocates the KV cache (HF's static cache; on CUDA, transformers then compiles the decoding
     step): prompts are left-padded to a multiple of STATIC_PAD tokens, every batch is filled to
     batch_size with copies of its last prompt, and the longest prompts go first: transformers sizes
@@ -356,6 +368,7 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
     answers = [None] * len(prompts)
     stop = [tokenizer.eos_token_id, data.end_of_turn_id(tokenizer)]
     pad = tokenizer.pad_token_id
+    full = share_prefix and cache != "static" and full_attention_cache(model)    # may share a prefix
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         T = max(len(prompts[i]) for i in idx)
@@ -363,7 +376,7 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
         if cache == "static":
             T = -(-T // STATIC_PAD) * STATIC_PAD
             rows = batch_size
-        P = common_prefix_length([prompts[i] for i in idx]) if share_prefix and cache != "static" else 0
+        P = common_prefix_length([prompts[i] for i in idx]) if full else 0
         ids = torch.full((rows, T), pad, dtype=torch.long)
         mask = torch.zeros((rows, T), dtype=torch.long)
         for b, i in enumerate(idx + [idx[-1]] * (rows - len(idx))):

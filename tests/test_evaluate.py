@@ -347,12 +347,12 @@ def test_answers_without_the_shared_prefix_are_the_same(smollm2_path, tmp_path):
     batch size: BENCHMARKS.md), so this compares fp32 answers through generate_answers."""
     assert evaluate.parse_args(["ckpt", "--no-shared-prefix"]).no_shared_prefix
     model, tok = load_model(smollm2_path)
-    queries = evaluate.build_queries("challenger_disaster", FIXTURE, limit=1)[::6]
+    queries = evaluate.build_queries("challenger_disaster", FIXTURE, limit=1)[::8]
     answers = {}
     for share in (True, False):
         (tmp_path / str(share)).mkdir()
-        answers[share] = evaluate.generate_answers(lambda: (model, tok), queries, tmp_path / str(share), 8,
-                                                   share_prefix=share)
+        answers[share] = evaluate.generate_answers(lambda: (model, tok), queries, tmp_path / str(share), 9,
+                                                   max_new_tokens=20, share_prefix=share)
     assert answers[True] == answers[False] and len(answers[True]) == len(queries) > 16
     assert sum(bool(a) for a in answers[True].values()) > len(queries) / 2
 

@@ -16,7 +16,7 @@ import torch
 import data
 import losses
 from conftest import FIXTURE, ROOT
-from model import (GENERATION_ATTENTION, cache_argument, common_prefix_length, forward_views, generate, gqa_decode_attention, load_model, model_family,
+from model import (GENERATION_ATTENTION, cache_argument, common_prefix_length, forward_views, full_attention_cache, generate, gqa_decode_attention, load_model, model_family,
                    reserved_cache, smollm2_folder, special_tokens_from_config, use_generation_attention)
 
 REFUSAL = "Unfortunately, I cannot answer that."
@@ -183,6 +183,7 @@ def test_reserved_cache_holds_what_a_full_forward_computes():
             cache = reserved_cache(model, rows=2, capacity=8, prefix_ids=ids[:1, :4])
             reserved = [type(layer).__name__ == "ReservedLayer" for layer in cache.layers]
             assert reserved == [config.model_type == "llama"] * 2
+            assert full_attention_cache(model) == (config.model_type == "llama")   # generate shares no prefix with windows
             for a, b in ((4, 6), (6, 7), (7, 8), (8, 9), (9, 10)):       # 8 tokens reserved: the last two concatenate
                 step = model(input_ids=ids[:, a:b], use_cache=True, **{cache_argument(model): cache}).logits
                 torch.testing.assert_close(step, full[:, a:b], rtol=1e-5, atol=1e-5)
