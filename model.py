@@ -304,7 +304,8 @@ def _reserved_layer_class():
         def update(self, key_states, value_states, *args, **kwargs):
             if not self.is_initialized:
                 self.reserve(key_states, value_states, key_states.shape[0])
-            n, m = self.get_seq_length(), self.get_seq_length() + key_states.shape[-2]
+            n = self.get_seq_length()
+            m = n + key_states.shape[-2]
             if m > self.capacity or not self.in_place:
                 self.in_place = False
                 return super().update(key_states, value_states, *args, **kwargs)
@@ -368,7 +369,7 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
     answers = [None] * len(prompts)
     stop = [tokenizer.eos_token_id, data.end_of_turn_id(tokenizer)]
     pad = tokenizer.pad_token_id
-    full = share_prefix and cache != "static" and full_attention_cache(model)    # may share a prefix
+    share = share_prefix and cache != "static" and full_attention_cache(model)
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         T = max(len(prompts[i]) for i in idx)
@@ -376,7 +377,7 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
         if cache == "static":
             T = -(-T // STATIC_PAD) * STATIC_PAD
             rows = batch_size
-        P = common_prefix_length([prompts[i] for i in idx]) if full else 0
+        P = common_prefix_length([prompts[i] for i in idx]) if share else 0
         ids = torch.full((rows, T), pad, dtype=torch.long)
         mask = torch.zeros((rows, T), dtype=torch.long)
         for b, i in enumerate(idx + [idx[-1]] * (rows - len(idx))):
@@ -388,7 +389,7 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
                              max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad,
                              temperature=None, top_p=None, top_k=None, cache_implementation=cache,
-                             suppress_tokens=list(suppress) or None, **({cache_argument(model): past} if past else {}))
+                             suppress_tokens=list(suppress) or None, **({cache_argument(model): past} if past is not None else {}))
         for b, i in enumerate(idx):
             answers[i] = tokenizer.decode(out[b, T:], skip_special_tokens=True).strip()
         if progress:

@@ -16,8 +16,9 @@ import torch
 import data
 import losses
 from conftest import FIXTURE, ROOT
-from model import (GENERATION_ATTENTION, cache_argument, common_prefix_length, forward_views, full_attention_cache, generate, gqa_decode_attention, load_model, model_family,
-                   reserved_cache, smollm2_folder, special_tokens_from_config, use_generation_attention)
+from model import (GENERATION_ATTENTION, cache_argument, common_prefix_length, forward_views, full_attention_cache,
+                   generate, gqa_decode_attention, load_model, model_family, reserved_cache, smollm2_folder,
+                   special_tokens_from_config, use_generation_attention)
 
 REFUSAL = "Unfortunately, I cannot answer that."
 
