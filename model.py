@@ -19,6 +19,12 @@ import torch
 
 import data
 
+try:                  # comes with torch's CUDA builds; without it decoding attention stays on torch's own kernels
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_DIR = Path(os.environ.get("SUITE_CACHE", Path.home() / ".cache" / "suite-unlearning"))
 STATIC_PAD = 16               # generate(cache="static"): prompt lengths rounded up to this
@@ -197,9 +203,9 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0,
     there each key/value head attends for its group of query heads (queries reshaped to (B, kv heads,
     group, d)), so the cache is read once. transformers' SDPA copies every cached key and value `group`
     times whenever a padding mask is passed (5.17; 5.24 too under torch.compile), which bounds batched
-    generation. Compiled (the static cache's decoding step) SDPA computes it; eager (the dynamic cache)
-    two matmuls and a softmax, as transformers' eager attention does: each was the faster one there
-    (BENCHMARKS.md). Equal greedy answers: tests/test_model.py."""
+    generation. On CUDA with Triton the `decode_attention` kernel computes it, eager and compiled; elsewhere
+    SDPA when compiled and two matmuls and a softmax (as transformers' eager attention) when not, each the
+    faster there (BENCHMARKS.md). Equal greedy answers: tests/test_model.py, tests/test_bench.py (GPU)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     group = getattr(module, "num_key_value_groups", 1)
     if (query.shape[2] != 1 or group == 1 or any(kwargs.get(k) is not None for k in ("position_bias", "s_aux", "softcap"))
@@ -208,17 +214,78 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0,
     B, H, _, d = query.shape
     query = query.reshape(B, H // group, group, d)
     mask = None if attention_mask is None else attention_mask[:, :, :, :key.shape[-2]]   # (B, 1, 1, L): the group's
-    if torch.compiler.is_compiling():
+    scale = d ** -0.5 if scaling is None else scaling
+    if (triton is not None and query.is_cuda and dropout == 0 and (mask is None or mask.dtype == torch.bool)
+            and d >= 16 and d & (d - 1) == 0 and value.shape[-1] == d
+            and query.stride(-1) == key.stride(-1) == value.stride(-1) == 1):
+        keep = None if mask is None else mask[:, 0, 0, :].expand(B, -1)
+        out = torch.ops.suite.decode_attention(query, key, value, keep, scale)
+    elif torch.compiler.is_compiling():
         out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
-                                                               scale=scaling)
+                                                               scale=scale)
     else:
-        scores = torch.matmul(query, key.transpose(2, 3)) * (d ** -0.5 if scaling is None else scaling)
+        scores = torch.matmul(query, key.transpose(2, 3)) * scale
         if mask is not None:
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
         out = torch.matmul(weights, value)
     return out.reshape(B, H, 1, d).transpose(1, 2).contiguous(), None
+
+
+if triton is not None:
+    @triton.jit
+    def _decode_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, scale, length,
+                       q_b, q_h, q_g, k_b, k_h, k_n, v_b, v_h, v_n, m_b, m_n, o_b, o_h, o_g,
+                       GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                       MASKED: tl.constexpr, PRECISION: tl.constexpr):
+        """One (row, key/value head): its GROUP query heads against the cache, BLOCK keys at a time, with
+        an online softmax in fp32 (flash attention's recurrence); blocks with no key to attend to (left
+        padding, a static cache's unfilled end) are not read."""
+        b, h = tl.program_id(0), tl.program_id(1)
+        g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
+        q = tl.load(q_ptr + b * q_b + h * q_h + g[:, None] * q_g + d[None, :], mask=g[:, None] < GROUP, other=0.0)
+        top = tl.full([GROUP_PAD], float("-inf"), tl.float32)        # running max of the scores
+        total = tl.zeros([GROUP_PAD], tl.float32)                     # running sum of exp(score - top)
+        acc = tl.zeros([GROUP_PAD, D], tl.float32)
+        for start in range(0, length, BLOCK):
+            n = start + tl.arange(0, BLOCK)
+            keep = n < length
+            if MASKED:
+                keep = keep & (tl.load(mask_ptr + b * m_b + n * m_n, mask=keep, other=0) != 0)
+            if tl.max(keep.to(tl.int32), axis=0) > 0:
+                k = tl.load(k_ptr + b * k_b + h * k_h + n[:, None] * k_n + d[None, :], mask=keep[:, None], other=0.0)
+                s = (tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale).to(tl.float32)   # compiled: scale is fp64
+                s = tl.where(keep[None, :], s, float("-inf"))
+                new_top = tl.maximum(top, tl.max(s, axis=1))
+                p = tl.exp(s - new_top[:, None])
+                rescale = tl.exp(top - new_top)
+                total = total * rescale + tl.sum(p, axis=1)
+                v = tl.load(v_ptr + b * v_b + h * v_h + n[:, None] * v_n + d[None, :], mask=keep[:, None], other=0.0)
+                acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+                top = new_top
+        out = acc / tl.where(total > 0, total, 1.0)[:, None]           # a row with nothing to attend to: zeros
+        tl.store(out_ptr + b * o_b + h * o_h + g[:, None] * o_g + d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=g[:, None] < GROUP)
+
+    @torch.library.triton_op("suite::decode_attention", mutates_args=())
+    def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                         scale: float) -> torch.Tensor:
+        """Grouped-query attention of one decoding step: query (B, kv heads, group, d), key and value
+        (B, kv heads, L, d), mask (B, L) bool (True = attend) or None; (B, kv heads, group, d) out. Each
+        program reads one key/value head of one row once, for its whole group (a Triton kernel; a torch op,
+        so that torch.compile keeps it in the static cache's decoding step)."""
+        B, H, G, d = query.shape
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
+        m_b, m_n = mask.stride() if mask is not None else (0, 0)
+        kernel = _decode_kernel      # Triton's interpreter (TRITON_INTERPRET=1, tests) makes no JITFunction
+        if isinstance(kernel, triton.runtime.JITFunction):
+            kernel = torch.library.wrap_triton(kernel)
+        kernel[(B, H)](query, key, value, query if mask is None else mask, out, scale, key.shape[2],
+                       *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], m_b, m_n, *out.stride()[:3],
+                       GROUP=G, GROUP_PAD=max(16, triton.next_power_of_2(G)), D=d, BLOCK=128, MASKED=mask is not None,
+                       PRECISION="ieee" if query.dtype == torch.float32 else "tf32", num_warps=2)
+        return out
 
 
 GENERATION_ATTENTION = "gqa_decode"      # load_model's attention where the model would use SDPA

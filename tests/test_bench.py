@@ -181,11 +181,13 @@ def test_gen_part_profiles_a_batch_with_and_without_decoding(tmp_path):
         assert "GEMM" in text and "GPU idle" in text and "(per step = per batch)" in text
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled decoding step needs a GPU")
-def test_compiled_decoding_attention_equals_sdpa():
-    """On a GPU the static cache's decoding step is compiled, so the decoding attention takes its SDPA path:
-    a tiny random model's logits (fp32, left-padded batch) equal those of transformers' SDPA at every step,
-    and a row may pick another token only at a near-tie (after which it is no longer compared)."""
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the decoding kernel and the compiled decoding step need a GPU")
+@pytest.mark.parametrize("cache", ["static", None])
+def test_gpu_decoding_attention_equals_sdpa(cache):
+    """On a GPU the decoding attention runs the Triton kernel, in the static cache's compiled decoding step
+    and in the dynamic cache's eager one: a tiny random model's logits (fp32, left-padded batch) equal those
+    of transformers' SDPA at every step, and a row may pick another token only at a near-tie (after which it
+    is no longer compared)."""
     from model import GENERATION_ATTENTION, load_model, use_generation_attention
     model, tok = load_model("random:tiny", torch.float32, "cuda")
     g = torch.Generator().manual_seed(0)
@@ -195,9 +197,12 @@ def test_compiled_decoding_attention_equals_sdpa():
     out = {}
     for attention in (GENERATION_ATTENTION, "sdpa"):
         use_generation_attention(model, attention)
-        out[attention] = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=8, do_sample=False,
-                                        cache_implementation="static", output_logits=True, return_dict_in_generate=True,
-                                        eos_token_id=None, pad_token_id=tok.pad_token_id)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            out[attention] = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=8,
+                                            do_sample=False, cache_implementation=cache, output_logits=True,
+                                            return_dict_in_generate=True, eos_token_id=None, pad_token_id=tok.pad_token_id)
+        kernels = {event.name for event in profile.events()}
+        assert any("_decode_kernel" in name for name in kernels) == (attention == GENERATION_ATTENTION), attention
     ours, theirs = out[GENERATION_ATTENTION], out["sdpa"]
     same = torch.ones(4, dtype=torch.bool, device="cuda")
     for step, (a, b) in enumerate(zip(ours.logits, theirs.logits)):

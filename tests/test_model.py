@@ -4,6 +4,8 @@ forward's fixed-shape padding.
 
     python -m pytest tests/test_model.py -q
 """
+import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -149,6 +151,55 @@ def test_decoding_attention_equals_transformers_sdpa(monkeypatch, compiling):
         assert ours.shape == theirs.shape == (B, 1, kv * 3, d)
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
 
+
+
+def check_decode_kernel(device, dtypes):
+    """model.decode_attention (Triton) against transformers' SDPA in fp32, on `device`: left padding, a
+    static cache's unfilled end, a row whose first blocks are all padding (skipped), no mask, a mask
+    broadcast over the rows, and keys and values viewed out of larger buffers (the reserved cache)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from model import decode_attention
+    g = torch.Generator().manual_seed(0)
+    for B, kv, group, L, d in ((5, 2, 3, 150, 64), (3, 2, 4, 64, 128)):
+        module = torch.nn.Module().eval()
+        module.num_key_value_groups, module.is_causal = group, True
+        query = torch.randn(B, kv * group, 1, d, generator=g)
+        key, value = (torch.randn(B, kv, L + 20, d, generator=g)[:, :, :L] for _ in range(2))
+        keep = torch.ones(B, L, dtype=torch.bool)
+        keep[0, :L // 2], keep[1, L - 40:], keep[2, :min(130, L - 1)] = False, False, False
+        for mask in (keep, None, keep[-1:].expand(B, L)):
+            theirs, _ = sdpa_attention_forward(module, query, key, value, None if mask is None else mask[:, None, None],
+                                               scaling=d ** -0.5)
+            for dtype in dtypes:
+                q, k, v = (t.to(device, dtype) for t in (query, key, value))
+                ours = decode_attention(q.reshape(B, kv, group, d), k, v, None if mask is None else mask.to(device),
+                                        d ** -0.5)
+                assert ours.shape == (B, kv, group, d) and ours.dtype == dtype
+                tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+                torch.testing.assert_close(ours.reshape(B, 1, kv * group, d).float().cpu(), theirs,
+                                           rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the decoding kernel runs on a GPU (CPU: next test)")
+def test_decoding_kernel_equals_sdpa_on_the_gpu():
+    check_decode_kernel("cuda", (torch.float32, torch.bfloat16))
+
+
+def triton_version():
+    return tuple(int(x) for x in importlib.metadata.version("triton").split(".")[:2]) if importlib.util.find_spec("triton") else None
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or (triton_version() or (0,)) < (3, 9),
+                    reason="a CPU machine with Triton >= 3.9 (a GPU runs the kernel itself, above; 3.6's interpreter fails on a runtime loop bound)")
+def test_decoding_kernel_equals_sdpa_in_tritons_interpreter():
+    """The same checks on the CPU under Triton's interpreter (fp32: it miscomputes bf16), in a fresh
+    process since TRITON_INTERPRET is read when the kernel is defined."""
+    code = "import test_model; test_model.check_decode_kernel('cpu', (torch.float32,))"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT),
+                                                                        os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", "import torch; " + code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
 
 def test_shared_prefix_prefilled_once_answers_as_left_padding(smollm2_path):
     """generate prefills the prefix a batch's prompts share once (dynamic cache), the rest of each prompt
