@@ -338,10 +338,12 @@ def bench_generation(model, tokenizer, batch_size, cache=None, profile_path=None
     longest = sorted(prompts, key=len, reverse=True)[:batch_size]
     generate(model, tokenizer, longest, 50, batch_size, cache=cache)      # warm-up: compiles for the static cache's size
     torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
     generate(model, tokenizer, prompts, 50, batch_size, Progress("gen", len(prompts), every=10), cache)
     torch.cuda.synchronize()
-    result = {"queries": len(prompts), "seconds": round(time.time() - t0, 1), "batch_size": batch_size, "cache": cache}
+    result = {"queries": len(prompts), "seconds": round(time.time() - t0, 1), "batch_size": batch_size, "cache": cache,
+              "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1)}
     if profile_path:
         result["profile"] = profile_generation(model, tokenizer, prompts, 50, batch_size, cache, profile_path,
                                                "the evaluation answers")
@@ -361,12 +363,14 @@ def bench_mmlu(model, tokenizer, batch_size, path=None):
 def bench_rep(model, tokenizer, batch_size, n, tokens, cache=None, profile_path=None):
     instructions = utility.load_instructions()[:n]
     torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
     texts = utility.generate_long(model, tokenizer, instructions, tokens, batch_size,
                                   Progress("rep", len(instructions), every=10), cache)
     torch.cuda.synchronize()
     result = {"instructions": len(texts), "new_tokens": tokens, "seconds": round(time.time() - t0, 1),
-              "batch_size": batch_size, "cache": cache, "rep": round(utility.repetitiveness(texts), 1)}
+              "batch_size": batch_size, "cache": cache, "rep": round(utility.repetitiveness(texts), 1),
+              "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1)}
     if profile_path:
         result["profile"] = profile_generation(model, tokenizer, utility.long_prompt_ids(tokenizer, instructions),
                                                tokens, batch_size, cache, profile_path, "repetitiveness")
