@@ -274,7 +274,8 @@ if triton is not None:
         """Grouped-query attention of one decoding step: query (B, kv heads, group, d), key and value
         (B, kv heads, L, d), mask (B, L) bool (True = attend) or None; (B, kv heads, group, d) out. Each
         program reads one key/value head of one row once, for its whole group (a Triton kernel; a torch op,
-        so that torch.compile keeps it in the static cache's decoding step)."""
+        so that torch.compile keeps it in the static cache's decoding step). 128 keys and 2 warps per block:
+        the fastest of 32-128 keys and 2-8 warps on an H100 (BENCHMARKS.md)."""
         B, H, G, d = query.shape
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
         m_b, m_n = mask.stride() if mask is not None else (0, 0)
