@@ -186,11 +186,13 @@ def test_decoding_kernel_equals_sdpa_on_the_gpu():
 
 
 def triton_version():
+    """(major, minor) of the installed Triton, None without it (not imported: TRITON_INTERPRET acts at import)."""
     return tuple(int(x) for x in importlib.metadata.version("triton").split(".")[:2]) if importlib.util.find_spec("triton") else None
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or (triton_version() or (0,)) < (3, 9),
-                    reason="a CPU machine with Triton >= 3.9 (a GPU runs the kernel itself, above; 3.6's interpreter fails on a runtime loop bound)")
+                    reason="needs a CPU machine with Triton >= 3.9 (a GPU runs the test above; 3.6's interpreter "
+                    "fails on the kernel's runtime loop bound)")
 def test_decoding_kernel_equals_sdpa_in_tritons_interpreter():
     """The same checks on the CPU under Triton's interpreter (fp32: it miscomputes bf16), in a fresh
     process since TRITON_INTERPRET is read when the kernel is defined."""
@@ -200,6 +202,7 @@ def test_decoding_kernel_equals_sdpa_in_tritons_interpreter():
     run = subprocess.run([sys.executable, "-c", "import torch; " + code], env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
+
 
 def test_shared_prefix_prefilled_once_answers_as_left_padding(smollm2_path):
     """generate prefills the prefix a batch's prompts share once (dynamic cache), the rest of each prompt
