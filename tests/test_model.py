@@ -152,7 +152,6 @@ def test_decoding_attention_equals_transformers_sdpa(monkeypatch, compiling):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
-
 def check_decode_kernel(device, dtypes):
     """model.decode_attention (Triton) against transformers' SDPA in fp32, on `device`: left padding, a
     static cache's unfilled end, a row whose first blocks are all padding (skipped), no mask, a mask
