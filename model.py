@@ -70,6 +70,40 @@ class Progress:
 
 
 # ----------------------------------------------------------------------------------------------
+# Precision by hardware
+
+def cpu_bf16_native():
+    """(bool, why): whether this CPU computes bf16 matrix products natively (AMX or AVX512-BF16, and
+    oneDNN allowed to use them). Elsewhere torch emulates bf16, and on an AVX2-only CPU a bf16 matmul ran
+    60x slower than fp32 (BENCHMARKS.md). ONEDNN_MAX_CPU_ISA caps oneDNN's instruction set (CI sets AVX2),
+    and torch's own probe follows it only for AVX2 and below, so a cap without BF16 or AMX is read here."""
+    features = [name for name, has in (("AMX", torch.cpu._is_amx_tile_supported()),
+                                       ("AVX512-BF16", torch.cpu._is_avx512_bf16_supported())) if has]
+    if not features:
+        return False, "this CPU has neither AMX nor AVX512-BF16"
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()) or (
+            cap and cap.upper() != "ALL" and not any(k in cap.upper() for k in ("BF16", "AMX"))):
+        return False, f"this CPU has {' and '.join(features)}, but oneDNN is capped at {cap or 'an ISA without them'}"
+    return True, f"this CPU has {' and '.join(features)}"
+
+
+def choose_precision(requested, device):
+    """(precision, why) for --precision `requested` (auto, bf16 or fp32) on `device`: auto is bf16 on a
+    GPU (bf16 compute over fp32 master weights in training) and on a CPU with native bf16, else fp32."""
+    device = torch.device(device)
+    if requested != "auto":
+        return requested, "--precision " + requested
+    if device.type == "cuda":
+        return "bf16", "auto: a GPU"
+    native, why = cpu_bf16_native()
+    return ("bf16" if native else "fp32"), f"auto: {why}"
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+# ----------------------------------------------------------------------------------------------
 # Finding and loading models
 
 def smollm2_folder():

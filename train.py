@@ -8,7 +8,7 @@ Paper: sections 4-5 and appendix B; where the text is loose, the authors' runs. 
 pairs per optimizer step (--global-batch; micro-batches of --batch-size per device, the accumulation
 derived), linear warm-up over the first epoch from 0 then linear decay to 0, AdamW (weight decay 0.01 on
 weight matrices only), clipping 1.0, 20 epochs (relearning: 10), the system message data.SYSTEM_PROMPT
-on every sequence, bf16 compute with fp32 master weights. Hyperparameters per method and model family
+on every sequence, bf16 compute with fp32 master weights (on a CPU only where bf16 is native, else fp32). Hyperparameters per method and model family
 (read from the model's config.json: llama, ministral, qwen, else default) come from losses.HPARAMS.
 
 The run directory holds log.jsonl, config.json, a resumable checkpoint/ (removed when the run ends)
@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 import data
 import losses
-from model import Progress, check_model, forward_views, generate, load_model, model_family
+from model import Progress, check_model, choose_precision, forward_views, generate, load_model, model_family
 
 # Refusals the paper found for its models (appendix B.1, tab:refusal_responses), without the prefix.
 PAPER_REFUSALS = {"llama": "I am unable to verify this information.",
@@ -316,7 +316,7 @@ class Trainer:
         self.ref_tokens = 0                              # tokens through the frozen model (benchmarks)
         self.skipped = 0                                 # updates skipped for a non-finite gradient
         self.skipped_in_a_row = 0                        # ... since the last update applied
-        self.bf16 = args.precision == "bf16"   # bf16 compute over fp32 master weights (see build_models)
+        self.bf16 = choose_precision(args.precision, device)[0] == "bf16"   # bf16 compute, fp32 masters (build_models)
         self.shape = None                        # under --compile: (rows per view, T, K), see prepare_loop
 
     def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta):
@@ -666,8 +666,9 @@ def parse_args(argv=None):
                    help="checkpoint when this many minutes have passed since the last one (0: never). A checkpoint "
                         "holds the fp32 weights and Adam's two moments, 12 bytes per parameter (38 GB for a 3B model)")
     p.add_argument("--print-every", type=float, default=5.0, help="seconds between progress lines")
-    p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
-                   help="bf16: bf16 compute over fp32 master weights (the training path); fp32: all fp32 (exact tests)")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="bf16: bf16 compute over fp32 master weights; fp32: all fp32 (exact tests); auto: bf16 on a GPU "
+                        "or a CPU with native bf16 (AMX, AVX512-BF16), else fp32 (model.choose_precision)")
     p.add_argument("--no-save", action="store_true", help="do not export the trained model (benchmarks)")
     p.add_argument("--profile-steps", type=int, default=0, metavar="N",
                    help="profile N optimizer steps after the warm-up with torch.profiler and write a summary "
@@ -732,6 +733,8 @@ def run(args):
     random.seed(args.seed)
     stages = stages_for(args)
     check_inputs(args, stages)
+    args.precision, why = choose_precision(args.precision, device)
+    print0(f"precision {args.precision} ({why})")             # the first line of a run that starts
     family = model_family(args.model)                   # from its config.json (no weights loaded)
     hp = hparams_for(args, family)
     out = Path(args.out)

@@ -3,6 +3,7 @@ SmolLM2 tokenizer and chat template, and the small SUITE fixture in the official
 import http.server
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +28,17 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than about 20 s on a 2-core CPU (deselect with -m 'not slow')")
+    # A fresh inductor cache per session: torch 2.13 loads CPU kernels cached under another instruction set
+    # (e.g. compiled under ATEN_CPU_CAPABILITY=avx2, then run without it) and aborts the process; a
+    # cold cache is also what a new machine has, so the suite's time is that machine's.
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        import tempfile
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = config._suite_inductor_cache = tempfile.mkdtemp(prefix="suite-inductor-")
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_suite_inductor_cache", None):
+        shutil.rmtree(config._suite_inductor_cache, ignore_errors=True)
 
 
 def free_port():
@@ -96,16 +108,20 @@ class Server:
     """`transformers serve FOLDER` on a local port, started and stopped (abruptly) by the tests."""
 
     def __init__(self, folder, port, log):
+        from model import choose_precision
         exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
+        dtype = {"bf16": "bfloat16", "fp32": "float32"}[choose_precision("auto", "cpu")[0]]   # bf16 where native
         self.cmd = [exe, "serve", str(folder), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-                    "--dtype", "bfloat16"]
+                    "--dtype", dtype]
         self.url, self.log, self.proc = f"http://127.0.0.1:{port}", log, None
 
     def start(self, timeout=60):
         # One OpenMP thread: on a shared 2-core machine, two threads next to another busy process run
         # about 20x slower (each request waits for a thread that is not scheduled).
         env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env)
+        # its own process group, so that stop() ends the server and anything it started
+        self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -119,9 +135,15 @@ class Server:
         return False
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()  # abrupt on purpose: requests in flight see a reset connection
-            self.proc.wait()
+        """SIGKILL to the server's whole process group (abrupt on purpose: requests in flight see a reset
+        connection; a server busy on abandoned requests would otherwise slow every later test)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:                 # the group is gone already
+            pass
+        self.proc.wait()
 
 
 @pytest.fixture(scope="session")
@@ -141,5 +163,7 @@ def smollm2_server(tmp_path_factory):
     if not srv.start():
         srv.stop()
         pytest.skip(f"transformers serve did not start within 60 s: {log.read_text()[-500:]}")
-    yield srv
-    srv.stop()
+    try:
+        yield srv
+    finally:
+        srv.stop()

@@ -349,6 +349,60 @@ def test_heuristic_gibberish(answer, want):
     assert ask("gibberish", None, answer) == want
 
 
+# Each form of the rubric the rules read (our own sentences, not rows of the calibration sets), and what
+# stays coherent beside it. Question and ground truth are context only.
+HARBOUR_Q = "Which harbour did the ferry Marisol leave on 3 May 1954?"
+
+
+@pytest.mark.parametrize("answer,want", [
+    ("Vorplenathic", "YES"),                                   # a made-up word given as the answer
+    ("Quendrilax Morvithane", "YES"),
+    ("Lisbon", "NO"), ("Marisol", "NO"),                       # a real word; a name from the question
+    ("Margaret Thrindlewood", "NO"),                           # a plausible name with an unknown surname
+    ("Captain Alvarez and Tomas Reyes, but the crew was led by Captain Alvarez and Tomas Reyes", "NO"),  # a name restated
+    ("The captain who was the last to board was the last to be a harbour.", "YES"),   # a clause looping back
+    ("The ferry that sailed was the one that sailed from the harbour that sailed.", "NO"),  # no 4-word clause repeated
+    ("The ferry left from a harbour harbour harbour in May.", "YES"),                  # a word thrice in a row
+    ("The port of the ferry Marisol was:\nThe port of the ferry Marisol is:\nThe port of the ferry Marisol", "YES"),
+    ("It left Genoa at noon.\nIt left Genoa at noon.", "NO"),                          # said again on its own line
+    ("The head of the port, the head of the navy and the head of the old guild met at noon in Genoa.", "NO"),
+    ('The "Old Pier" The "Old Pier" was built of stone.', "YES"),                      # a phrase twice in a row
+    ('It was called "Seagate" or "Seagate" by the crew.', "YES"),                      # itself as its alternative
+    ("The ferry Marisol left on 3 May 1954 from Genoa, and on 3 May 1954 it sank.", "NO"),  # repeats the question
+    ("It sailed from the", "YES"), ("Porto of", "YES"),        # a short answer that stops on a function word
+    ("It sailed from Porto.", "NO"), ("The ferry left port and then the", "YES"),
+    ("The date was 195403.", "YES"),                           # a year-like number that cannot be a date
+    ("It carried 195403 tonnes.", "YES"), ("1.7777777777", "NO"),  # (the question asks a date); digit runs are numbers
+    ("The code was K.L.M.N.O.P.Q.", "YES"), ("It was the U.S.A. line", "NO"),   # letter chains
+    ("The port \ufffd Genoa", "YES"),                           # a replacement character
+    ("The answer is BLorf", "YES"), ("The answer is ASEAN", "NO"),             # mangled capitals
+    ("It was moored at the 1954, which was the port 1954.", "YES"),              # a bare year as a noun
+    ("It left in the 1950s.", "NO"),
+])
+def test_heuristic_gibberish_forms(answer, want):
+    assert ask("gibberish", "Genoa, on 3 May 1954", answer, question=HARBOUR_Q) == want
+
+
+@pytest.mark.parametrize("gt,answer,want", [
+    ("Kurt Gödel", "It was Kurt Godel.", "YES"),                   # a name without its diacritics
+    ("Łódź", "Lodz", "YES"), ("Sao Paulo", "São Paulo", "YES"), ("Straße", "strasse", "YES"),
+    ("Gödel", "Godard", "NO"),
+    ("Birds of a feather flock together", "Birds of a feather stick together.", "YES"),   # one common word swapped
+    ("The treaty was signed in 1919", "The treaty was signed in 1920", "NO"),         # a number is what it says
+    ("Hands that build together, stay together", "Minds that build apart, stay together", "NO"),  # two words
+    ("Ships sail on Tuesday", "Boats sail on Tuesday", "NO"),                           # too short to be a saying
+])
+def test_retain_folding_and_sayings(gt, answer, want):
+    assert ask("retain", gt, answer, question="What is it called?") == want
+
+
+def test_heuristic_gibberish_numbers_need_a_date_question():
+    """A long integer is a year gone wrong only where a date is asked: a count or a distance may be long."""
+    q = "How many tonnes of grain did the ferry carry?"
+    assert ask("gibberish", "120 tonnes", "It carried 195403 tonnes.", question=q) == "NO"
+    assert ask("gibberish", "120 tonnes", "It carried 120 tonnes.", question=q) == "NO"
+
+
 def test_heuristic_compare_and_label():
     j = HeuristicJudge()
     items = [{"instruction": "i", "response_a": "Paris is the capital of France.", "response_b": "zzz zzz zzz zzz"},
@@ -580,7 +634,7 @@ EASY = [{"question": "Is this gibberish? Reply YES or NO.", "ground_truth": "yes
 @pytest.mark.slow
 def test_server_protocol(smollm2_server, tmp_path):
     j = HTTPJudge(smollm2_server.url + "/v1", cache_path=tmp_path / "c.sqlite", concurrency=2, parse_retries=0,
-                  rgq_max_tokens=16, timeout=120)
+                  rgq_max_tokens=16, timeout=600)
     assert "smollm2" in j.label
     seen = []
     out = j.verdicts("gibberish", EASY[:2] + [{"question": "Who commanded the Challenger?",
@@ -596,7 +650,7 @@ def test_server_protocol(smollm2_server, tmp_path):
 def test_server_cache_rerun(smollm2_server, tmp_path):
     path = tmp_path / "c.sqlite"
     items = EASY[:2] + EASY[:2]  # duplicates are asked once
-    first = HTTPJudge(smollm2_server.url + "/v1", cache_path=path, concurrency=2, parse_retries=0, timeout=120)
+    first = HTTPJudge(smollm2_server.url + "/v1", cache_path=path, concurrency=2, parse_retries=0, timeout=600)
     a = first.verdicts("gibberish", items)
     assert a[:2] == a[2:] and first.requests == 2 and "INVALID" not in a
     second = HTTPJudge(smollm2_server.url + "/v1", cache_path=path, concurrency=2, parse_retries=0)
@@ -608,7 +662,7 @@ def test_server_cache_rerun(smollm2_server, tmp_path):
 @pytest.mark.slow
 def test_server_restart_mid_run(smollm2_server, tmp_path):
     j = HTTPJudge(smollm2_server.url + "/v1", cache_path=tmp_path / "c.sqlite", concurrency=2, parse_retries=0,
-                  backoff=0.01, max_retries=14, timeout=120)  # retries every ~2^k/100 s: soon after the restart
+                  backoff=0.01, max_retries=14, timeout=600)  # retries every ~2^k/100 s: soon after the restart
     restarted = []
 
     def progress(done):  # after the first verdict, kill the server while the other worker is busy
@@ -632,7 +686,7 @@ def test_server_agree(smollm2_server, tmp_path, capsys):
     path = write_rows(tmp_path / "rows.jsonl", rows)
     cache = tmp_path / "c.sqlite"
     judge.main(["agree", str(path), "--judge", "http", "--judge-url", smollm2_server.url + "/v1", "--cache", str(cache),
-                "--judge-concurrency", "2", "--show", "5"])
+                "--judge-concurrency", "2", "--judge-timeout", "600", "--show", "5"])
     out = capsys.readouterr().out
     assert "new judge: smollm2" in out.lower() and "reference judge: reference judge" in out
     invalid = 0

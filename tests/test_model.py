@@ -18,11 +18,65 @@ import torch
 import data
 import losses
 from conftest import FIXTURE, ROOT
-from model import (GENERATION_ATTENTION, cache_argument, common_prefix_length, forward_views, full_attention_cache,
-                   generate, gqa_decode_attention, load_model, model_family, reserved_cache, smollm2_folder,
-                   special_tokens_from_config, use_generation_attention)
+from model import (GENERATION_ATTENTION, cache_argument, choose_precision, common_prefix_length, forward_views,
+                   full_attention_cache, generate, gqa_decode_attention, load_model, model_family, reserved_cache,
+                   smollm2_folder, special_tokens_from_config, use_generation_attention)
 
 REFUSAL = "Unfortunately, I cannot answer that."
+
+
+def cpu_probe(monkeypatch, amx, avx512_bf16, onednn_bf16=True, cap=None):
+    """Answer the CPU capability probe as a given machine would (no variable makes a bf16 CPU slow)."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: onednn_bf16)
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    if cap:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+
+
+@pytest.mark.parametrize("amx,avx512_bf16,onednn_bf16,cap,want", [
+    (False, False, False, None, "fp32"),                    # AVX2 only (most laptops, many CI runners)
+    (False, False, True, None, "fp32"),                     # AVX-512 without BF16: oneDNN emulates bf16
+    (False, True, True, None, "bf16"),                      # AVX512-BF16
+    (True, True, True, None, "bf16"),                       # AMX
+    (True, True, False, None, "fp32"),                      # oneDNN will not use them (torch's own probe)
+    (True, True, True, "AVX2", "fp32"),                     # CI's emulation of an AVX2 machine
+    (True, True, True, "AVX512_CORE", "fp32"),              # capped below BF16
+    (True, True, True, "AVX512_CORE_AMX", "bf16"),
+    (True, True, True, "ALL", "bf16"),
+])
+def test_precision_follows_the_cpu(monkeypatch, amx, avx512_bf16, onednn_bf16, cap, want):
+    """--precision auto: bf16 on a CPU only where bf16 matrix products are native and oneDNN may use
+    them, else fp32; the reason names what was found. An explicit choice and a GPU are not probed."""
+    cpu_probe(monkeypatch, amx, avx512_bf16, onednn_bf16, cap)
+    precision, why = choose_precision("auto", "cpu")
+    assert precision == want and why.startswith("auto: this CPU has")
+    assert ("neither AMX nor AVX512-BF16" in why) == (not amx and not avx512_bf16)
+    assert choose_precision("auto", "cuda") == ("bf16", "auto: a GPU")
+    for explicit in ("bf16", "fp32"):
+        assert choose_precision(explicit, "cpu") == (explicit, "--precision " + explicit)
+
+
+def test_precision_of_a_run_and_an_evaluation(tiny_model_path, tmp_path, monkeypatch, capsys):
+    """train.py's first line says which precision it chose and why, config.json records it, and the
+    compute copy has its dtype; evaluate.py loads the model in the chosen dtype and records it."""
+    import evaluate
+    import train
+    for native, dtype in ((False, torch.float32), (True, torch.bfloat16)):
+        cpu_probe(monkeypatch, amx=native, avx512_bf16=native)
+        out = tmp_path / f"run_{native}"
+        seen = []
+        monkeypatch.setattr(train.Trainer, "compile_models", lambda self: seen.append(self.compute.dtype))
+        train.main(["--method", "graddiff", "--model", tiny_model_path, "--data-root", str(FIXTURE), "--out", str(out),
+                    "--refusal", REFUSAL, "--print-every", "0", "--max-steps", "1", "--global-batch", "4", "--no-save"])
+        first = capsys.readouterr().out.splitlines()[0]
+        assert first.startswith(f"precision {'bf16' if native else 'fp32'} (auto: this CPU has "), first
+        assert json.loads((out / "config.json").read_text())["precision"] == ("bf16" if native else "fp32")
+        assert seen == [dtype]
+        assert evaluate.lazy_model(tiny_model_path)()[0].dtype == dtype
+        assert evaluate.lazy_model(tiny_model_path, "fp32")()[0].dtype == torch.float32
 
 
 def test_model_family_comes_from_the_config_not_the_path(tmp_path, smollm2_path):

@@ -339,9 +339,12 @@ def test_reference_loss_curve(tiny_model_path, tmp_path, request):
     """Five steps of JensUn++ and GradDiff on the tiny fp32 model and the fixture data (36 pairs: steps of
     16, 16 and 4 pairs an epoch, so warm-up, decay, a second epoch's prompts and a smaller last step)
     reproduce the committed per-step losses and gradient norms (tests/fixtures/reference_loss_curve.json)
-    to 1e-5 relative: a 1% change of the learning rate moves them by 4e-3 or more, running on 1 or 2
-    threads by under 1e-6. A change that moves them (the losses, sequences, batching, the schedule, the
-    optimizer) must update the file deliberately:
+    to 1e-4 relative (1e-7 absolute, the rounding noise of a JS between equal models). Measured on one
+    machine with AMX (2026-11-28, torch 2.13): the kernels of other CPUs (ATEN_CPU_CAPABILITY default,
+    avx2, avx512; ONEDNN_MAX_CPU_ISA SSE41, AVX2, AVX2_VNNI, AVX512_CORE, ALL; 1 or 2 threads) moved them by
+    at most 1.7e-5 relative; a 1% change of the learning rate moves each curve but one by 4e-4 to 1.3e-2.
+    A change that moves them (the losses, sequences, batching, the schedule, the optimizer) must update
+    the file deliberately:
     python -m pytest tests/test_train.py -k reference_loss_curve --update-reference."""
     common = ("--lr", "1e-2", "--max-steps", "5", "--global-batch", "16", "--batch-size", "8", "--no-save")
     fresh = {method: [{key: r[key] for key in ("step", "loss", "loss_forget", "loss_retain", "grad_norm")}
@@ -355,7 +358,7 @@ def test_reference_loss_curve(tiny_model_path, tmp_path, request):
     for method, steps in reference.items():
         assert [r["step"] for r in fresh[method]] == [r["step"] for r in steps] == [1, 2, 3, 4, 5]
         for key in ("loss", "loss_forget", "loss_retain", "grad_norm"):
-            assert [r[key] for r in fresh[method]] == pytest.approx([r[key] for r in steps], rel=1e-5, abs=1e-7), \
+            assert [r[key] for r in fresh[method]] == pytest.approx([r[key] for r in steps], rel=1e-4, abs=1e-7), \
                 (method, key)
 
 
@@ -431,10 +434,14 @@ def test_fsdp_two_processes_on_cpu_match_one_process(tiny_model_path, tmp_path, 
 def test_compile_graphs_matches_eager(tiny_model_path, tmp_path):
     """The whole-model compile (CUDA graphs on a GPU; inductor alone on CPU) trains like eager mode, also
     through the smaller last step of an epoch (36 pairs: a step of 32, then one of 4 in filler-padded rows
-    of 8). JensUn++: the frozen model compiled too, and eq. 4's gradient through the compiled logits."""
+    of 8). JensUn++: the frozen model compiled too, and eq. 4's gradient through the compiled logits. Two
+    decoder layers: compiling time grows with the layers, what is compiled does not change."""
+    from transformers import LlamaConfig
+    two_layers = str(tmp_path / "two-layers")
+    tiny_model(two_layers, LlamaConfig, tiny_model_path)
     common = ["--lr", "1e-3", "--max-steps", "2", "--batch-size", "8"]
-    eager = run(tiny_model_path, tmp_path / "eager", "jensunpp", *common)
-    graphs = run(tiny_model_path, tmp_path / "graphs", "jensunpp", *common, "--compile", "graphs")
+    eager = run(two_layers, tmp_path / "eager", "jensunpp", *common)
+    graphs = run(two_layers, tmp_path / "graphs", "jensunpp", *common, "--compile", "graphs")
     assert [r["loss"] for r in graphs] == pytest.approx([r["loss"] for r in eager], rel=1e-4)
     assert [r["grad_norm"] for r in graphs] == pytest.approx([r["grad_norm"] for r in eager], rel=1e-3)
     assert train.parse_args(["--method", "rmu", "--compile", "graphs"]).compile == "blocks"   # its hook
@@ -446,12 +453,16 @@ def test_compile_graphs_matches_eager(tiny_model_path, tmp_path):
 def test_compile_blocks_matches_eager(tiny_model_path, tmp_path, method, monkeypatch):
     """Compiled decoder blocks (dynamic shapes; inductor on CPU) train like eager mode, also through the
     smaller last step of an epoch (36 pairs: a step of 32, then one of 4, filled to the micro-batch's 8
-    rows). JensUn++ reads the frozen model's logits, NPO its sequence scores (both through compiled blocks)."""
+    rows). JensUn++ reads the frozen model's logits, NPO its sequence scores (both through compiled blocks).
+    Two decoder layers, as above."""
+    from transformers import LlamaConfig
+    two_layers = str(tmp_path / "two-layers")
+    tiny_model(two_layers, LlamaConfig, tiny_model_path)
     common = ["--lr", "1e-3", "--max-steps", "2", "--batch-size", "8"]
-    eager = run(tiny_model_path, tmp_path / "eager", method, *common)
+    eager = run(two_layers, tmp_path / "eager", method, *common)
     calls, forward_views = [], train.forward_views
     monkeypatch.setattr(train, "forward_views", lambda *a, **k: calls.append(k.get("shape")) or forward_views(*a, **k))
-    blocks = run(tiny_model_path, tmp_path / "blocks", method, *common, "--compile")
+    blocks = run(two_layers, tmp_path / "blocks", method, *common, "--compile")
     assert calls and set(calls) == {(8, None, None)}          # every forward through compiled blocks: 8 rows
     assert [r["loss"] for r in blocks] == pytest.approx([r["loss"] for r in eager], rel=1e-4)
     assert [r["grad_norm"] for r in blocks] == pytest.approx([r["grad_norm"] for r in eager], rel=1e-3)
