@@ -1193,6 +1193,14 @@ def rejudge(rows, judge, progress=None):
     return new
 
 
+def recall_precision(confusion):
+    """(recall, precision) of YES in % from a {(reference, new): count} confusion: the share of the
+    reference's YES the new judge finds, and of the new judge's YES the reference shares (None where
+    there is none to count)."""
+    yy, yn, ny = (confusion.get(p, 0) for p in (("YES", "YES"), ("YES", "NO"), ("NO", "YES")))
+    return (100 * yy / (yy + yn) if yy + yn else None), (100 * yy / (yy + ny) if yy + ny else None)
+
+
 def agreement(reference, new):
     """Per verdict key: rows compared (reference verdict valid), agreed, confusion {(ref, new): count}."""
     out = {}
@@ -1231,15 +1239,17 @@ def agree(path, judge, show=15, progress=None, out=print):
     agreed = agreement(reference, new)
     out(f"{path}: {len(reference)} rows; reference judge: {ref_label}; new judge: {judge.label} ({seconds:.2f} s)")
     out("")
-    out("| verdict (rubric) | rows | agree % | YES/YES | YES/NO | NO/YES | NO/NO | new INVALID |")
-    out("|---|---|---|---|---|---|---|---|")
+    out("| verdict (rubric) | rows | agree % | YES recall % | YES precision % | YES/YES | YES/NO | NO/YES | NO/NO "
+        "| new INVALID |")
+    out("|---|---|---|---|---|---|---|---|---|---|")
     for key, a in agreed.items():
         c = a["confusion"]
         invalid = sum(n for (_, v), n in c.items() if v == INVALID)
         counts = " | ".join(str(c.get(p, 0)) for p in (("YES", "YES"), ("YES", "NO"), ("NO", "YES"), ("NO", "NO")))
+        recall, precision = ("--" if v is None else f"{v:.1f}" for v in recall_precision(c))
         left_out = f" ({a['reference_invalid']} reference INVALID left out)" if a["reference_invalid"] else ""
-        out(f"| {key} ({VERDICT_RUBRIC[key]}) | {a['rows']} | {100 * a['agree'] / a['rows']:.2f} | {counts} | "
-            f"{invalid} |{left_out}")
+        out(f"| {key} ({VERDICT_RUBRIC[key]}) | {a['rows']} | {100 * a['agree'] / a['rows']:.2f} | {recall} | "
+            f"{precision} | {counts} | {invalid} |{left_out}")
     out("(pairs are reference/new)")
     ref_m, new_m = evaluate.compute_metrics(reference), evaluate.compute_metrics(new)
     out("")

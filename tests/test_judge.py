@@ -476,8 +476,10 @@ def test_agree_heuristic(tmp_path):
     assert res["reference_metrics"]["judge"] == ["reference judge"]
     assert [len(g) for _, g in res["disagreements"]] == [1, 1, 1]
     text = "\n".join(lines)
-    assert "| leak (forget) | 5 | 80.00 | 2 | 1 | 0 | 2 | 0 |" in text
-    assert "| knows (retain) | 3 | 33.33 | 1 | 1 | 1 | 0 | 0 |" in text
+    assert "| leak (forget) | 5 | 80.00 | 66.7 | 100.0 | 2 | 1 | 0 | 2 | 0 |" in text     # recall 2/3, precision 2/2
+    assert "| knows (retain) | 3 | 33.33 | 50.0 | 50.0 | 1 | 1 | 1 | 0 | 0 |" in text
+    assert judge.recall_precision({("NO", "NO"): 4}) == (None, None)
+    assert judge.recall_precision({("NO", "YES"): 1, ("YES", "NO"): 3}) == (0.0, 0.0)
     assert "| Q_D+I | 100.0 | 50.0 | -50.0 |" in text and "| Syn | 100.0 | 0.0 | -100.0 |" in text
     assert "ground truth: 73 seconds | answer: 73 minutes" in text
     assert "(1 reference INVALID left out)" in text
@@ -693,8 +695,8 @@ def test_server_agree(smollm2_server, tmp_path, capsys):
     for key, rubric in (("gibberish", "gibberish"), ("knows", "retain")):
         line = next(x for x in out.splitlines() if x.startswith(f"| {key} ({rubric}) | 1 |"))
         cells = [c.strip() for c in line.strip("|").split("|")]
-        assert sum(int(c) for c in cells[3:7]) + int(cells[7]) == 1   # the row is counted once
-        invalid += int(cells[7])
+        assert sum(int(c) for c in cells[5:9]) + int(cells[9]) == 1   # the row is counted once
+        invalid += int(cells[9])
     assert "| Retain | 100.0 |" in out and "| Gib | 100.0 |" in out   # the reference side, by hand
     with sqlite3.connect(cache) as db:                              # valid verdicts are cached, INVALID not
         assert db.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0] == 2 - invalid
