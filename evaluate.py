@@ -569,7 +569,9 @@ def parse_args(argv=None):
                         "training system message")
     p.add_argument("--system-prompt", default=None,
                    help="system message of --prompt-format chat (default: the run's training one, else data.SYSTEM_PROMPT)")
-    p.add_argument("--judge", choices=["heuristic", "http"], default="heuristic")
+    p.add_argument("--judge", choices=["heuristic", "rules", "http"], default="heuristic",
+                   help="heuristic: offline rules, and SmolLM2's coherence score for long answers (gibberish); rules: "
+                        "the rules alone (no model loaded); http: an LLM judge server, the paper's numbers")
     p.add_argument("--judge-url", default="http://127.0.0.1:8000/v1")
     p.add_argument("--judge-model", default=None, help="default: the model the server lists (the paper: Qwen3.5-35B-A3B)")
     p.add_argument("--judge-concurrency", type=int, default=16)
@@ -629,7 +631,7 @@ def check_inputs(args, stages, base):
         check_model(path, "CKPT")
     if args.base_eval and not base:
         raise data.UserError("--base-eval needs --base (the base model whose NLL it compares)")
-    if base and (args.base_eval or ("rgq" not in args.skip and args.judge != "heuristic")):
+    if base and (args.base_eval or ("rgq" not in args.skip and args.judge == "http")):
         check_model(base, "--base")
     if args.base_eval and not (Path(args.base_eval) / "rows.jsonl").exists():
         raise data.UserError(f"--base-eval {args.base_eval}: no rows.jsonl (evaluate the base model into it first)")

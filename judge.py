@@ -1072,6 +1072,76 @@ def _covering_ngram(words):
     return False
 
 
+# --- Coherence: does a long answer follow from its question? (the embedded model)
+
+COHERENCE_MIN_WORDS = 12        # shorter answers are judged by the rules alone
+COHERENCE_THRESHOLD = 0.6       # nats per answer token; below it a long answer is a ramble (RESULTS.md)
+ASSISTANT_TURN = "<|im_start|>assistant\n"     # SmolLM2's chat template: an answer with no question before it
+
+
+class CoherenceScorer:
+    """How much its question helps the embedded SmolLM2-135M-Instruct predict an answer: the mean over the
+    answer's tokens of log p(token | the question) - log p(token | no question), in the chat template
+    (pointwise mutual information, nats per token). A fluent ramble about something else
+    gains little from the question; a wrong but on-topic answer gains much. Loaded on first use, in the
+    precision model.choose_precision picks; scores are kept per (question, answer)."""
+
+    def __init__(self, batch_size=16):
+        self.batch_size, self.model, self.scores = batch_size, None, {}
+
+    def _load(self):
+        import torch
+        from model import DTYPES, choose_precision, load_model
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model, self.tokenizer = load_model("smollm2", DTYPES[choose_precision("auto", self.device)[0]],
+                                                self.device)
+        self.model.eval()
+
+    def _prompt(self, question):
+        """The question in the chat template with an empty system message (SmolLM2's default one would
+        add 16 tokens to every pass); None: the assistant's turn alone, the answer unprompted."""
+        if question is None:
+            return self.tokenizer(ASSISTANT_TURN, add_special_tokens=False)["input_ids"]
+        return list(self.tokenizer.apply_chat_template([{"role": "system", "content": ""},
+                                                        {"role": "user", "content": question}], tokenize=True,
+                                                       add_generation_prompt=True, return_dict=False))
+
+    def _answer_logprobs(self, seqs):
+        """Per (prompt ids, answer ids): the summed log-probability of the answer's tokens after the prompt."""
+        import torch
+        width = max(len(p) + len(a) for p, a in seqs)
+        ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        targets = torch.zeros((len(seqs), width), dtype=torch.bool)          # positions whose next token is answer
+        for i, (p, a) in enumerate(seqs):
+            ids[i, :len(p) + len(a)] = torch.tensor(p + a)
+            mask[i, :len(p) + len(a)] = 1
+            targets[i, len(p) - 1:len(p) + len(a) - 1] = True
+        rows, cols = targets.nonzero(as_tuple=True)
+        with torch.inference_mode():       # the output head only where an answer token is predicted
+            hidden = self.model.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
+            logp = self.model.lm_head(hidden[rows, cols]).float().log_softmax(-1)
+            picked = logp.gather(-1, ids[rows, cols + 1][:, None].to(self.device))[:, 0].cpu()
+        return torch.zeros(len(seqs)).index_add_(0, rows, picked).tolist()
+
+    def __call__(self, pairs):
+        """[(question, answer)] -> [PMI in nats per answer token]."""
+        todo = [pq for pq in dict.fromkeys(pairs) if pq not in self.scores]
+        if todo and self.model is None:
+            self._load()
+        unprompted = self._prompt(None) if todo else None
+        todo.sort(key=lambda pq: len(pq[0]) + len(pq[1]))                   # similar lengths share a batch
+        for start in range(0, len(todo), self.batch_size):
+            part = todo[start:start + self.batch_size]
+            answers = [self.tokenizer(a, add_special_tokens=False)["input_ids"] or [self.tokenizer.eos_token_id]
+                       for _, a in part]
+            given = self._answer_logprobs([(self._prompt(q), a) for (q, _), a in zip(part, answers)])
+            alone = self._answer_logprobs([(unprompted, a) for a in answers])
+            for pq, a, g, n in zip(part, answers, given, alone):
+                self.scores[pq] = (g - n) / len(a)
+        return [self.scores[pq] for pq in pairs]
+
+
 # --- The judge
 
 class HeuristicJudge:
@@ -1082,12 +1152,17 @@ class HeuristicJudge:
     still leaks; where the ground truth is a name of the item's "topic", another of its names in
     topic.json counts). Approximate: it knows no synonyms or facts beyond aliases and the topics' names,
     and its compare() is crude (tie unless exactly one response is gibberish or empty).
-    Use it for smoke runs and CI; RESULTS.md gives its measured agreement with the paper's judge."""
+    gibberish: the rules of is_gibberish, then, for a long answer they pass (COHERENCE_MIN_WORDS words or
+    more, not a refusal), the embedded model's coherence score (CoherenceScorer; coherence=False: rules
+    only). Use it for smoke runs and CI; RESULTS.md gives its measured agreement with the paper's judge."""
 
     label = "heuristic (approximate)"
 
-    def __init__(self, source_root=suite.SOURCE_ROOT):
+    def __init__(self, source_root=suite.SOURCE_ROOT, coherence=True):
         self.source_root = source_root          # the topics' own names (topic_names), read by the item's "topic"
+        self.coherence = CoherenceScorer() if coherence else None
+        if not coherence:
+            self.label = "heuristic rules (approximate)"
 
     def _one(self, kind, item):
         answer = item.get("answer") or ""
@@ -1109,6 +1184,14 @@ class HeuristicJudge:
         out = []
         for it in items:
             out.append(self._one(kind, it))
+            if progress and (kind != "gibberish" or not self.coherence):
+                progress(len(out))
+        if kind == "gibberish" and self.coherence:
+            long_ = [i for i, (v, it) in enumerate(zip(out, items)) if v == "NO" and not is_refusal(it.get("answer"))
+                     and len((it.get("answer") or "").split()) >= COHERENCE_MIN_WORDS]
+            scores = self.coherence([(items[i].get("question") or "", items[i]["answer"]) for i in long_])
+            for i, score in zip(long_, scores):
+                out[i] = "YES" if score < COHERENCE_THRESHOLD else "NO"   # a ramble the question does not explain
             if progress:
                 progress(len(out))
         return out
@@ -1127,12 +1210,13 @@ class HeuristicJudge:
 # The factory
 
 def make_judge(spec, url=None, model=None, cache_path=None, **kw):
-    """'heuristic' -> HeuristicJudge(); 'http' -> HTTPJudge(url, model, cache_path=..., **kw)."""
-    if spec == "heuristic":
-        return HeuristicJudge()
+    """'heuristic' -> HeuristicJudge() (rules, and the embedded model's coherence score for long answers);
+    'rules' -> the rules alone (no model loaded); 'http' -> HTTPJudge(url, model, cache_path=..., **kw)."""
+    if spec in ("heuristic", "rules"):
+        return HeuristicJudge(coherence=spec == "heuristic")
     if spec == "http":
         return HTTPJudge(url or "http://127.0.0.1:8000/v1", model, cache_path=cache_path, **kw)
-    raise ValueError(f"judge spec must be 'heuristic' or 'http', got {spec!r}")
+    raise ValueError(f"judge spec must be 'heuristic', 'rules' or 'http', got {spec!r}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1282,7 +1366,8 @@ def main(argv=None):
     sub = p.add_subparsers(dest="command", required=True)
     a = sub.add_parser("agree", help="re-judge the answers of a judged rows.jsonl and compare the verdicts")
     a.add_argument("rows", help="a judged rows.jsonl (evaluate.py's schema)")
-    a.add_argument("--judge", choices=["heuristic", "http"], default="heuristic")
+    a.add_argument("--judge", choices=["heuristic", "rules", "http"], default="heuristic",
+                   help="heuristic: the offline judge; rules: the same without the coherence model; http: a server")
     a.add_argument("--judge-url", default="http://127.0.0.1:8000/v1")
     a.add_argument("--judge-model", default=None, help="default: the model the server lists")
     a.add_argument("--judge-concurrency", type=int, default=16)

@@ -105,8 +105,10 @@ def test_normalise_and_refusal():
 
 
 def ask(kind, gt, answer, **extra):
-    """One heuristic verdict; extra may set the question (default 'q?': no person cue, not a blank)."""
-    return HeuristicJudge().verdicts(kind, [{"question": "q?", "ground_truth": gt, "answer": answer, **extra}])[0]
+    """One verdict of the heuristic's rules (the coherence model has its own tests); extra may set the
+    question (default 'q?': no person cue, not a blank)."""
+    item = {"question": "q?", "ground_truth": gt, "answer": answer, **extra}
+    return HeuristicJudge(coherence=False).verdicts(kind, [item])[0]
 
 
 @pytest.mark.parametrize("gt,answer,aliases,want", [
@@ -394,6 +396,49 @@ def test_heuristic_gibberish_forms(answer, want):
 ])
 def test_retain_folding_and_sayings(gt, answer, want):
     assert ask("retain", gt, answer, question="What is it called?") == want
+
+
+RAMBLE = ("The 1998 football championship was a famous example of modern architecture, and the stadium was "
+          "used to explain the theory of relativity to children.")
+ON_TOPIC = "The ferry Marisol left the harbour of Naples on 3 May 1954, carrying passengers and mail to Palermo."
+
+
+def test_coherence_score_flags_long_rambles_only(smollm2_path):
+    """A long fluent answer the rules pass is gibberish when its question does not help the embedded model
+    predict it (a ramble about something else), not when it is a wrong answer on the question's subject.
+    Short answers and refusals are never scored, and a judge that met none loads no model. The scores
+    sit far from the threshold (measured: +1.93 and -0.33 nats per token, fp32 and bf16 alike)."""
+    j = HeuristicJudge()
+    short = {"question": HARBOUR_Q, "ground_truth": "Genoa", "answer": "Naples"}
+    assert j.verdicts("gibberish", [short]) == ["NO"] and j.coherence.model is None
+    refusal = ("I am sorry, but I do not have any information about the ferry or the harbour it left from "
+               "on that day in 1954.")
+    items = [dict(short, answer=a) for a in (ON_TOPIC, RAMBLE, refusal)]
+    assert j.verdicts("gibberish", items) == ["NO", "YES", "NO"]
+    on_topic, ramble = j.coherence([(HARBOUR_Q, ON_TOPIC), (HARBOUR_Q, RAMBLE)])
+    assert on_topic > judge.COHERENCE_THRESHOLD + 0.5 and ramble < judge.COHERENCE_THRESHOLD - 0.5
+    assert len(j.coherence.scores) == 2                              # the refusal was never scored
+    assert HeuristicJudge(coherence=False).verdicts("gibberish", items[1:2]) == ["NO"]
+    assert judge.make_judge("rules").coherence is None and judge.make_judge("heuristic").coherence is not None
+
+
+def test_coherence_log_probabilities_in_a_padded_batch(smollm2_path):
+    """The batched answer log-probabilities (output head at the answer's positions only, rows padded to
+    the longest) equal a plain forward of each sequence alone with a full log-softmax, in fp32."""
+    import torch
+    from model import load_model
+    scorer = judge.CoherenceScorer()
+    scorer.model, scorer.tokenizer = load_model(smollm2_path, torch.float32, "cpu")
+    scorer.device = "cpu"
+    answers = [scorer.tokenizer(a, add_special_tokens=False)["input_ids"] for a in (ON_TOPIC, "Naples.")]
+    seqs = [(scorer._prompt(HARBOUR_Q), answers[0]), (scorer._prompt(None), answers[1])]
+    batched = scorer._answer_logprobs(seqs)
+    for (prompt, answer), got in zip(seqs, batched):
+        with torch.inference_mode():
+            logp = scorer.model(input_ids=torch.tensor([prompt + answer])).logits[0].log_softmax(-1)
+        want = sum(logp[len(prompt) - 1 + k, t].item() for k, t in enumerate(answer))
+        assert got == pytest.approx(want, abs=1e-3)
+    assert scorer._prompt(None) == scorer.tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
 
 
 def test_heuristic_gibberish_numbers_need_a_date_question():
