@@ -8,8 +8,9 @@ its config; no download) on real SUITE Challenger batches at the paper's setting
 
 Parts: train (s/step, tokens/s, model FLOP utilisation, peak memory, projected time of one topic:
 20 epochs), gen (every evaluation answer of one topic: forget wordings x 2 formats, adversarial,
-retain; 50 new tokens), mmlu (2,000 questions), rep (500 instructions x 1,000 new tokens), and
-parallel (not in the default set): --procs trainings of a SmolLM2-shaped model sharing one GPU, as
+retain; 50 new tokens), mmlu (2,000 questions), rep (500 instructions x 1,000 new tokens); not in the
+default set: judge (CPU), the offline judge's rules and coherence score on judged rows (--judge-rows),
+projected to a topic, and parallel, --procs trainings of a SmolLM2-shaped model sharing one GPU, as
 run_all.sh's small block runs them; aggregate optimizer steps/s. Its kernels overlap across processes
 only under CUDA MPS:
 
@@ -377,11 +378,42 @@ def bench_rep(model, tokenizer, batch_size, n, tokens, cache=None, profile_path=
     return result
 
 
+TOPIC_GIBBERISH = 2900          # gibberish verdicts of one topic: 75 questions x 16 wordings x 2 formats, 500 adversarial
+
+
+def bench_judge(paths):
+    """The offline judge (CPU) on judged rows files in evaluate.py's schema: the rules on every verdict the
+    rows have; then the coherence score on the distinct long answers the rules pass (loaded once, timed
+    apart). Projects a topic's gibberish verdicts at the rows' share of such answers."""
+    import judge
+    rows = [r for path in paths for r in judge.read_rows(path)]
+    rules = judge.HeuristicJudge(coherence=False)
+    t0, n = time.time(), 0
+    for key, kind in judge.VERDICT_RUBRIC.items():
+        items = [r for r in rows if key in r["verdicts"]]
+        n += len(rules.verdicts(kind, items))
+    rules_s = time.time() - t0
+    gib = [r for r in rows if "gibberish" in r["verdicts"]]
+    pairs = list(dict.fromkeys((r["question"], r["answer"]) for r, v in zip(gib, rules.verdicts("gibberish", gib))
+                               if judge.needs_coherence(r, v)))
+    scorer = judge.CoherenceScorer()
+    t1 = time.time()
+    scorer._load()
+    t2 = time.time()
+    scorer(pairs)
+    score_s = time.time() - t2
+    per_s, share = len(pairs) / score_s, len(pairs) / len(gib)
+    return {"verdicts": n, "rules_s": round(rules_s, 2), "rules_per_s": round(n / rules_s), "long_answers": len(pairs),
+            "of_gibberish_items": len(gib), "coherence_load_s": round(t2 - t1, 1), "coherence_s": round(score_s, 1),
+            "coherence_per_s": round(per_s, 2), "dtype": str(scorer.model.dtype),
+            "topic_coherence_s": round(TOPIC_GIBBERISH * share / per_s + (t2 - t1), 1)}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=MODEL, help="random:<name> of model.RANDOM_CONFIGS (any model for gen, mmlu, rep)")
     p.add_argument("--parts", nargs="+", default=["train", "gen", "mmlu", "rep"],
-                   choices=["train", "gen", "mmlu", "rep", "parallel"])
+                   choices=["train", "gen", "mmlu", "rep", "parallel", "judge"])
     p.add_argument("--methods", nargs="+", default=["jensunpp", "graddiff", "npo"])
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the averages")
@@ -402,6 +434,8 @@ def main():
     p.add_argument("--procs", type=int, default=12, help="parallel: trainings sharing the GPU")
     p.add_argument("--parallel-model", default="random:smollm2-135m", help="parallel: the model each one trains")
     p.add_argument("--parallel-steps", type=int, default=160)
+    p.add_argument("--judge-rows", nargs="+", default=[], metavar="ROWS",
+                   help="judge (CPU, not in the default set): judged rows.jsonl files to time the offline judge on")
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[], help="passed on to train.py")
     args = p.parse_args()
@@ -440,6 +474,11 @@ def main():
                 results[part] = {**fn(), "attention": model.config._attn_implementation}
                 print(part, json.dumps(results[part]), flush=True)
                 (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1))
+    if "judge" in args.parts:
+        if not args.judge_rows:
+            p.error("--parts judge needs --judge-rows ROWS.jsonl ...")
+        results["judge"] = bench_judge(args.judge_rows)
+        print("judge", json.dumps(results["judge"]), flush=True)
     if int(os.environ.get("RANK", 0)) == 0:
         (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1))
 

@@ -1079,6 +1079,12 @@ COHERENCE_THRESHOLD = 0.6       # nats per answer token; below it a long answer 
 ASSISTANT_TURN = "<|im_start|>assistant\n"     # SmolLM2's chat template: an answer with no question before it
 
 
+def needs_coherence(item, rules_verdict):
+    """A gibberish item the coherence score decides: a long answer the rules pass that is no refusal."""
+    answer = item.get("answer") or ""
+    return rules_verdict == "NO" and len(answer.split()) >= COHERENCE_MIN_WORDS and not is_refusal(answer)
+
+
 class CoherenceScorer:
     """How much its question helps the embedded SmolLM2-135M-Instruct predict an answer: the mean over the
     answer's tokens of log p(token | the question) - log p(token | no question), in the chat template
@@ -1187,8 +1193,7 @@ class HeuristicJudge:
             if progress and (kind != "gibberish" or not self.coherence):
                 progress(len(out))
         if kind == "gibberish" and self.coherence:
-            long_ = [i for i, (v, it) in enumerate(zip(out, items)) if v == "NO" and not is_refusal(it.get("answer"))
-                     and len((it.get("answer") or "").split()) >= COHERENCE_MIN_WORDS]
+            long_ = [i for i, (v, it) in enumerate(zip(out, items)) if needs_coherence(it, v)]
             scores = self.coherence([(items[i].get("question") or "", items[i]["answer"]) for i in long_])
             for i, score in zip(long_, scores):
                 out[i] = "YES" if score < COHERENCE_THRESHOLD else "NO"   # a ramble the question does not explain

@@ -211,3 +211,27 @@ def test_gpu_decoding_attention_equals_sdpa(cache):
         differ = same & (ours.sequences[:, 12 + step] != theirs.sequences[:, 12 + step])
         assert (top2[differ, 0] - top2[differ, 1] < 1e-4).all(), step
         same &= ~differ
+
+
+def test_judge_part_times_rules_and_coherence(tmp_path, smollm2_path):
+    """bench.py --parts judge on a judged rows file: every verdict through the rules, then the coherence
+    score on the distinct long answers the rules pass (a ramble, an on-topic answer, the same pair twice
+    counted once; not a short answer, a loop the rules flag or a refusal), projected to a topic."""
+    q = "Which harbour did the ferry Marisol leave on 3 May 1954?"
+    long_answers = ["The ferry Marisol left the harbour of Naples on 3 May 1954, carrying passengers and mail "
+                    "to Palermo.", "The 1998 football championship was a famous example of modern architecture, "
+                    "and the stadium was used to explain the theory of relativity to children."]
+    answers = long_answers + [long_answers[0], "Naples", "harbour " * 20,
+                              "I am sorry, but I have no information about that ferry or the harbour it left from."]
+    rows = [{"id": f"t|forget|K1-direct|v{i}|alone", "topic": "t", "set": "forget", "label": "K1-direct", "fact": "K1",
+             "qtype": "direct", "variant": f"v{i}", "format": "alone", "context": [], "question": q,
+             "ground_truth": "Genoa", "aliases": [], "answer": a, "verdicts": {"leak": "NO", "gibberish": "NO"},
+             "judge": "reference"} for i, a in enumerate(answers)]
+    rows.append(dict(rows[0], id="t|retain|1", set="retain", label="GK", fact=None, qtype=None, verdicts={"knows": "NO"}))
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = bench.bench_judge([str(path)])
+    assert result["verdicts"] == 2 * len(answers) + 1 and result["of_gibberish_items"] == len(answers)
+    assert result["long_answers"] == 2 and result["coherence_per_s"] > 0
+    assert result["topic_coherence_s"] == pytest.approx(
+        bench.TOPIC_GIBBERISH * 2 / len(answers) / result["coherence_per_s"] + result["coherence_load_s"], rel=0.05)
