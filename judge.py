@@ -1148,6 +1148,11 @@ class CoherenceScorer:
         return [self.scores[pq] for pq in pairs]
 
 
+@functools.lru_cache(maxsize=1)
+def shared_scorer():
+    return CoherenceScorer()
+
+
 # --- The judge
 
 class HeuristicJudge:
@@ -1166,7 +1171,8 @@ class HeuristicJudge:
 
     def __init__(self, source_root=suite.SOURCE_ROOT, coherence=True):
         self.source_root = source_root          # the topics' own names (topic_names), read by the item's "topic"
-        self.coherence = CoherenceScorer() if coherence else None
+        # True: the process's one scorer (one model load, its scores kept across judges); or a scorer of one's own
+        self.coherence = shared_scorer() if coherence is True else coherence or None
         if not coherence:
             self.label = "heuristic rules (approximate)"
 

@@ -408,7 +408,7 @@ def test_coherence_score_flags_long_rambles_only(smollm2_path):
     predict it (a ramble about something else), not when it is a wrong answer on the question's subject.
     Short answers and refusals are never scored, and a judge that met none loads no model. The scores
     sit far from the threshold (measured: +1.93 and -0.33 nats per token, fp32 and bf16 alike)."""
-    j = HeuristicJudge()
+    j = HeuristicJudge(coherence=judge.CoherenceScorer())            # its own scorer, not the shared one
     short = {"question": HARBOUR_Q, "ground_truth": "Genoa", "answer": "Naples"}
     assert j.verdicts("gibberish", [short]) == ["NO"] and j.coherence.model is None
     refusal = ("I am sorry, but I do not have any information about the ferry or the harbour it left from "
@@ -419,7 +419,8 @@ def test_coherence_score_flags_long_rambles_only(smollm2_path):
     assert on_topic > judge.COHERENCE_THRESHOLD + 0.5 and ramble < judge.COHERENCE_THRESHOLD - 0.5
     assert len(j.coherence.scores) == 2                              # the refusal was never scored
     assert HeuristicJudge(coherence=False).verdicts("gibberish", items[1:2]) == ["NO"]
-    assert judge.make_judge("rules").coherence is None and judge.make_judge("heuristic").coherence is not None
+    assert judge.make_judge("rules").coherence is None
+    assert judge.make_judge("heuristic").coherence is judge.make_judge("heuristic").coherence is not None
 
 
 def test_coherence_log_probabilities_in_a_padded_batch(smollm2_path):
