@@ -5,18 +5,23 @@ stages, relearning.
     python report.py stages OUT.md [NAME=]SEQUENTIAL_EVAL ... [--joint NAME=EVAL_DIR ...]
     python report.py relearn OUT.md NAME=BEFORE_EVAL,AFTER_EVAL ...
     python report.py flags OUT.selected              # the train.py flags of a selected run (run_all.sh)
+    python report.py agree ROWS.jsonl [--judge heuristic|rules|http ...]   # a judge against ROWS' verdicts
 
 An EVAL_DIR is an evaluate.py output folder (metrics.json, rows.jsonl); a SEQUENTIAL_EVAL the folder
 evaluate.py wrote for a sequential run (RUN/eval, one subfolder per stage). Every table names its judge.
+`agree` re-judges a judged rows.jsonl (any judge: the heuristic, a server) and compares the verdicts per
+rubric (agreement, recall and precision of YES) and the fact-level metrics (evaluate.compute_metrics).
 """
 import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import data
 import evaluate
+import judge
 
 COLUMNS = ["Q_D+I", "Q_R", "Q_All", "Q*_All", "Gib", "Retain", "s0", "s1-10", "s11-15", "MMLU", "Rep"]
 # The selection rule of the small-scale reproduction: among runs that forget (Q_All <= 10) without
@@ -256,6 +261,144 @@ def train_flags(args):
     print(f"--lr {run['lr']:g} --lambda-f {run['lambda_f']:g} --lambda-r {run['lambda_r']:g}")
 
 
+# Agreement with a known judge: `python report.py agree ROWS.jsonl [--judge heuristic|rules|http ...]`
+
+VERDICT_RUBRIC = {"leak": "forget", "gibberish": "gibberish", "knows": "retain"}  # rows.jsonl verdict -> rubric
+_ROW_FIELDS = {"topic": str, "set": str, "label": str, "question": str, "ground_truth": str, "answer": str,
+               "verdicts": dict}
+
+
+def read_rows(path):
+    """Judged rows in evaluate.py's rows.jsonl schema (_ROW_FIELDS; forget and adversarial rows also name
+    their fact and qtype). Bad input raises ValueError naming file, line and field."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not a JSON object ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{n}: not a JSON object")
+            for field, typ in _ROW_FIELDS.items():
+                if not isinstance(row.get(field), typ):
+                    raise ValueError(f"{path}:{n}: field {field!r} missing or not a {typ.__name__}")
+            if row["set"] not in ("forget", "adversarial", "retain"):
+                raise ValueError(f"{path}:{n}: field 'set' must be forget, adversarial or retain, got {row['set']!r}")
+            if row["set"] != "retain" and not (isinstance(row.get("fact"), str) and isinstance(row.get("qtype"), str)):
+                raise ValueError(f"{path}:{n}: field 'fact' or 'qtype' missing on a {row['set']} row")
+            if not isinstance(row.get("aliases", []), list):
+                raise ValueError(f"{path}:{n}: field 'aliases' must be a list")
+            for key, verdict in row["verdicts"].items():
+                if key not in VERDICT_RUBRIC or verdict not in ("YES", "NO", judge.INVALID):
+                    raise ValueError(f"{path}:{n}: field 'verdicts' has {key!r}: {verdict!r} (expected "
+                                     f"{'/'.join(VERDICT_RUBRIC)}: YES, NO or {judge.INVALID})")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
+
+
+def rejudge(rows, new_judge, progress=None):
+    """Copies of the rows with the verdicts of `new_judge` for the same (row, verdict) pairs as the originals.
+    progress(name, total) may return a callback taking the number done (evaluate.Progress(...).to)."""
+    new = [dict(r, verdicts={}, judge=new_judge.label) for r in rows]
+    for key, kind in VERDICT_RUBRIC.items():
+        idx = [i for i, r in enumerate(rows) if key in r["verdicts"]]
+        if not idx:
+            continue
+        items = [{"question": rows[i]["question"], "ground_truth": rows[i]["ground_truth"],
+                  "answer": rows[i]["answer"], "aliases": rows[i].get("aliases") or [], "topic": rows[i]["topic"]}
+                 for i in idx]
+        verdicts = new_judge.verdicts(kind, items, progress=progress(f"judge {key}", len(idx)) if progress else None)
+        for i, v in zip(idx, verdicts):
+            new[i]["verdicts"][key] = v
+    return new
+
+
+def recall_precision(confusion):
+    """(recall, precision) of YES in % from a {(reference, new): count} confusion: the share of the
+    reference's YES the new judge finds, and of the new judge's YES the reference shares (None where
+    there is none to count)."""
+    yy, yn, ny = (confusion.get(p, 0) for p in (("YES", "YES"), ("YES", "NO"), ("NO", "YES")))
+    return (100 * yy / (yy + yn) if yy + yn else None), (100 * yy / (yy + ny) if yy + ny else None)
+
+
+def agreement(reference, new):
+    """Per verdict key: rows compared (reference verdict valid), agreed, confusion {(ref, new): count}."""
+    out = {}
+    for key in VERDICT_RUBRIC:
+        pairs = [(r["verdicts"][key], n["verdicts"][key]) for r, n in zip(reference, new)
+                 if key in r["verdicts"] and r["verdicts"][key] != judge.INVALID]
+        if pairs:
+            confusion = {}
+            for p in pairs:
+                confusion[p] = confusion.get(p, 0) + 1
+            out[key] = {"rows": len(pairs), "agree": sum(a == b for a, b in pairs), "confusion": confusion,
+                        "reference_invalid": sum(r["verdicts"].get(key) == judge.INVALID for r in reference)}
+    return out
+
+
+def disagreements(reference, new):
+    """Disagreeing (verdict, reference, new, ground truth, answer) groups, the most frequent first."""
+    groups = {}
+    for r, n in zip(reference, new):
+        for key, v in r["verdicts"].items():
+            if v != judge.INVALID and n["verdicts"][key] != v:
+                g = (key, v, n["verdicts"][key], r["ground_truth"], " ".join(r["answer"].split()))
+                groups.setdefault(g, []).append(r)
+    return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+
+
+def agree(path, new_judge, show=15, progress=None, out=print):
+    """Re-judge a judged rows file with `new_judge` and print the agreement per verdict, the fact-level metrics
+    of both judges side by side (evaluate.compute_metrics) and the most frequent disagreements."""
+    reference = read_rows(path)
+    t0 = time.time()
+    new = rejudge(reference, new_judge, progress)
+    seconds = time.time() - t0
+    ref_label = ", ".join(sorted({str(r.get("judge", "?")) for r in reference}))
+    agreed = agreement(reference, new)
+    out(f"{path}: {len(reference)} rows; reference judge: {ref_label}; new judge: {new_judge.label} ({seconds:.2f} s)")
+    out("")
+    out("| verdict (rubric) | rows | agree % | YES recall % | YES precision % | YES/YES | YES/NO | NO/YES | NO/NO "
+        "| new INVALID |")
+    out("|---|---|---|---|---|---|---|---|---|---|")
+    for key, a in agreed.items():
+        c = a["confusion"]
+        invalid = sum(n for (_, v), n in c.items() if v == judge.INVALID)
+        counts = " | ".join(str(c.get(p, 0)) for p in (("YES", "YES"), ("YES", "NO"), ("NO", "YES"), ("NO", "NO")))
+        recall, precision = ("--" if v is None else f"{v:.1f}" for v in recall_precision(c))
+        left_out = f" ({a['reference_invalid']} reference INVALID left out)" if a["reference_invalid"] else ""
+        out(f"| {key} ({VERDICT_RUBRIC[key]}) | {a['rows']} | {100 * a['agree'] / a['rows']:.2f} | {recall} | "
+            f"{precision} | {counts} | {invalid} |{left_out}")
+    out("(pairs are reference/new)")
+    ref_m, new_m = evaluate.compute_metrics(reference), evaluate.compute_metrics(new)
+    out("")
+    out(f"Fact-level metrics, average over {len(ref_m['topics'])} topic(s) (evaluate.compute_metrics):")
+    out("")
+    out("| metric | reference | new | new - reference |")
+    out("|---|---|---|---|")
+    for k in evaluate.AVERAGED:
+        r, n = ref_m["average"][k], new_m["average"][k]
+        if r is None and n is None:
+            continue
+        diff = f"{n - r:+.1f}" if r is not None and n is not None else "--"
+        out(f"| {k} | {evaluate.fmt(r)} | {evaluate.fmt(n)} | {diff} |")
+    groups = disagreements(reference, new)
+    if show and groups:
+        out("")
+        out(f"Most frequent disagreements ({sum(len(g) for _, g in groups)} rows in {len(groups)} groups; "
+            f"top {min(show, len(groups))}):")
+        for (key, ref_v, new_v, gt, answer), members in groups[:show]:
+            out(f"  {len(members):4d}x {key}: reference {ref_v}, new {new_v} | ground truth: {gt} | answer: "
+                f"{answer[:100]} | e.g. {members[0].get('id', members[0]['question'][:60])}")
+    return {"agreement": agreed, "reference_metrics": ref_m, "new_metrics": new_m, "disagreements": groups,
+            "rows": new, "seconds": seconds}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -273,13 +416,35 @@ def parse_args(argv=None):
     r.add_argument("pairs", nargs="+", metavar="NAME=BEFORE_EVAL,AFTER_EVAL")
     f = sub.add_parser("flags", help="the train.py flags of the run a table selected")
     f.add_argument("selected", metavar="OUT.selected")
+    a = sub.add_parser("agree", help="re-judge the answers of a judged rows.jsonl and compare the verdicts")
+    a.add_argument("rows", help="a judged rows.jsonl (evaluate.py's schema)")
+    a.add_argument("--judge", choices=["heuristic", "rules", "http"], default="heuristic",
+                   help="heuristic: the offline judge; rules: the same without the coherence model; http: a server")
+    a.add_argument("--judge-url", default="http://127.0.0.1:8000/v1")
+    a.add_argument("--judge-model", default=None, help="default: the model the server lists")
+    a.add_argument("--judge-concurrency", type=int, default=16)
+    a.add_argument("--judge-timeout", type=float, default=60.0, help="seconds a judge request may take")
+    a.add_argument("--cache", default=None, help=f"verdict cache of the http judge (default {judge.DEFAULT_CACHE})")
+    a.add_argument("--show", type=int, default=15, help="how many disagreement groups to list")
     return p.parse_args(argv)
 
 
+def agree_command(args):
+    """`report.py agree`: the judge the flags name against the verdicts of ROWS.jsonl."""
+    new = judge.make_judge(args.judge, url=args.judge_url, model=args.judge_model, cache_path=args.cache,
+                           concurrency=args.judge_concurrency, timeout=args.judge_timeout)
+    progress = (lambda name, total: evaluate.Progress(name, total).to) if args.judge == "http" else None
+    try:
+        agree(args.rows, new, show=args.show, progress=progress)
+    except (ValueError, OSError) as e:          # a malformed or missing rows file
+        raise data.UserError(str(e)) from None
+
+
 def main(argv=None):
-    with data.one_line_errors("report.py"):
+    with data.one_line_errors("report.py", judge.ServerUnavailable):
         args = parse_args(argv)
-        {"table": sweep_table, "stages": stages_table, "relearn": relearn_table, "flags": train_flags}[args.command](args)
+        {"table": sweep_table, "stages": stages_table, "relearn": relearn_table, "flags": train_flags,
+         "agree": agree_command}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import torch.distributed as dist
 import data
 import losses
 from model import Progress, check_model, choose_precision, forward_views, generate, load_model, model_family
+from profiler import StepProfiler
 
 # Refusals the paper found for its models (appendix B.1, tab:refusal_responses), without the prefix.
 PAPER_REFUSALS = {"llama": "I am unable to verify this information.",
@@ -451,8 +452,7 @@ class Trainer:
         t0, tokens_seen, last_print, last_save, start_step = time.time(), 0, 0.0, time.time(), step
         profiler = None
         if args.profile_steps:
-            import bench                                 # only when profiling (bench imports this module)
-            profiler = bench.StepProfiler(self, step)
+            profiler = StepProfiler(self, step)
         while step < self.total:
             epoch, in_epoch = divmod(step, self.steps_per_epoch)
             lr = lr_at(step, self.total, self.steps_per_epoch, self.hp["lr"], args.lr_schedule)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import bench
+import profiler
 import train
 from conftest import ROOT
 
@@ -100,11 +101,11 @@ def test_profiling_leaves_training_unchanged(tiny_model_path, tmp_path):
     assert [keep(r) for r in logs[0]] == [keep(r) for r in logs[1]]
     assert [r["step"] for r in logs[1] if r.get("profiled")] == [2, 3]       # never step 1, which compiles
     check_profile(tmp_path / "profiled" / "profile_rank0.txt", "2-3")
-    assert bench.profile_window(5, 3, 29, True, 0, 300) == range(5, 8)
-    assert bench.profile_window(26, 3, 29, True, 0, 300) == range(29, 32)   # not 26-28: step 28 is short
-    assert bench.profile_window(0, 3, 29, False, 0, 300) == range(1, 4)
-    assert bench.profile_window(5, 3, 29, True, 10, 300) == range(10, 13)   # resumed at step 10
-    assert not bench.profile_window(5, 3, 29, True, 0, 7)                   # does not fit
+    assert profiler.profile_window(5, 3, 29, True, 0, 300) == range(5, 8)
+    assert profiler.profile_window(26, 3, 29, True, 0, 300) == range(29, 32)   # not 26-28: step 28 is short
+    assert profiler.profile_window(0, 3, 29, False, 0, 300) == range(1, 4)
+    assert profiler.profile_window(5, 3, 29, True, 10, 300) == range(10, 13)   # resumed at step 10
+    assert not profiler.profile_window(5, 3, 29, True, 0, 7)                   # does not fit
 
 
 def test_train_part_projects_a_topic_from_its_steps(tmp_path):
@@ -154,7 +155,7 @@ def test_profile_summary_of_cuda_kernels():
               ev("void at::native::vectorized_elementwise_kernel<4, at::native::mul>", 7100, 7500),
               ev("FSDP::all_gather", 0, 10000, kind="gpu_user_annotation"),
               ev("aten::mm", 0, 10000, device=DeviceType.CPU, kind="cpu_op")]
-    text = bench.profile_summary(events, 0.010, 2, True, "title")
+    text = profiler.profile_summary(events, 0.010, 2, True, "title")
     lines = text.splitlines()
     table = {l[:66].strip(): float(l[66:].split()[0]) for l in lines[5:lines.index(next(l for l in lines if l.startswith("sum")))]}
     assert table == {"GEMM": 1.0, "attention": 0.5, "communication: all-gather": 1.5, "communication: reduce-scatter": 0.25,

@@ -1,6 +1,6 @@
-"""Tests for judge.py: the rubric files, verdict parsing, the heuristic judge and its rules (with data.py's
-normalise and is_refusal), `judge.py agree`, and the HTTP client against a real `transformers serve` of
-SmolLM2-135M-Instruct (started here; skipped when it cannot start).
+"""Tests for judge.py and heuristic.py: the rubric files, verdict parsing, the heuristic judge and its rules
+(with data.py's normalise and is_refusal), the coherence score, `report.py agree`, and the HTTP client
+against a real `transformers serve` of SmolLM2-135M-Instruct (started here; skipped when it cannot start).
 
     python -m pytest tests/test_judge.py -q
 
@@ -17,10 +17,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import heuristic  # noqa: E402
 import judge  # noqa: E402
+import report  # noqa: E402
 from conftest import LocalServer, free_port  # noqa: E402
 from data import is_refusal, normalise  # noqa: E402
-from judge import HeuristicJudge, HTTPJudge, ServerUnavailable  # noqa: E402
+from heuristic import HeuristicJudge  # noqa: E402
+from judge import HTTPJudge, ServerUnavailable  # noqa: E402
 
 VERDICTS = {"YES", "NO", "INVALID"}
 WINNERS = {"A", "B", "tie", "INVALID"}
@@ -209,8 +212,8 @@ def test_rule_numbers(gt, answer, want):
 def test_bare_number_alias_takes_the_ground_truths_unit(answer, want):
     """Our rows give bare numbers as aliases ("73" for "73 seconds"); the alias means the ground truth's
     quantity, so it does not make "73 minutes" right (it did: an alias without a unit matched any unit)."""
-    assert judge.gives_answer(answer, "73 seconds", ["73"]) == (want == "YES")
-    assert judge.gives_answer(answer, "73 seconds", ["73"], "How long after launch did it break apart?",
+    assert heuristic.gives_answer(answer, "73 seconds", ["73"]) == (want == "YES")
+    assert heuristic.gives_answer(answer, "73 seconds", ["73"], "How long after launch did it break apart?",
                               forget=True) == (want == "YES")
 
 
@@ -278,7 +281,7 @@ def test_rule_other_names_of_the_topic(tmp_path):
     the orbiter), a name the question holds, another ground truth, the retain rubric and a topic without
     names get nothing from it."""
     topic = "challenger_disaster"
-    assert {"Challenger disaster", "sts-51-l", "51-l"} <= set(judge.topic_names(topic))   # the real file
+    assert {"Challenger disaster", "sts-51-l", "51-l"} <= set(heuristic.topic_names(topic))   # the real file
     q_mission = "Which 1986 space shuttle mission killed all seven crew members?"
     assert ask("forget", "Challenger disaster", "STS-51-L.", question=q_mission, topic=topic) == "YES"
     assert ask("forget", "Challenger disaster", "51-l", question=q_mission, topic=topic) == "YES"
@@ -301,11 +304,11 @@ def test_rule_other_names_of_the_topic(tmp_path):
     assert own.verdicts("forget", [item]) == ["YES"]
     assert own.verdicts("forget", [dict(item, question="Which training flight of 19 planes vanished?")]) == ["NO"]
     assert own.verdicts("forget", [dict(item, topic="no_such_topic")]) == ["NO"]
-    assert judge.topic_names("no_such_topic", tmp_path) == ()
+    assert heuristic.topic_names("no_such_topic", tmp_path) == ()
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "topic.json").write_text('{"name": "x", "forbidden_in_retain": [3]}')
     with pytest.raises(ValueError, match=r"broken/topic.json: .*must be strings"):
-        judge.topic_names("broken", tmp_path)
+        heuristic.topic_names("broken", tmp_path)
 
 
 def test_rule_head_of_phrase_retain_only():
@@ -408,7 +411,7 @@ def test_coherence_score_flags_long_rambles_only(smollm2_path):
     predict it (a ramble about something else), not when it is a wrong answer on the question's subject.
     Short answers and refusals are never scored, and a judge that met none loads no model. The scores
     sit far from the threshold (measured: +1.93 and -0.33 nats per token, fp32 and bf16 alike)."""
-    j = HeuristicJudge(coherence=judge.CoherenceScorer())            # its own scorer, not the shared one
+    j = HeuristicJudge(coherence=heuristic.CoherenceScorer())            # its own scorer, not the shared one
     short = {"question": HARBOUR_Q, "ground_truth": "Genoa", "answer": "Naples"}
     assert j.verdicts("gibberish", [short]) == ["NO"] and j.coherence.model is None
     refusal = ("I am sorry, but I do not have any information about the ferry or the harbour it left from "
@@ -416,7 +419,7 @@ def test_coherence_score_flags_long_rambles_only(smollm2_path):
     items = [dict(short, answer=a) for a in (ON_TOPIC, RAMBLE, refusal)]
     assert j.verdicts("gibberish", items) == ["NO", "YES", "NO"]
     on_topic, ramble = j.coherence([(HARBOUR_Q, ON_TOPIC), (HARBOUR_Q, RAMBLE)])
-    assert on_topic > judge.COHERENCE_THRESHOLD + 0.5 and ramble < judge.COHERENCE_THRESHOLD - 0.5
+    assert on_topic > heuristic.COHERENCE_THRESHOLD + 0.5 and ramble < heuristic.COHERENCE_THRESHOLD - 0.5
     assert len(j.coherence.scores) == 2                              # the refusal was never scored
     assert HeuristicJudge(coherence=False).verdicts("gibberish", items[1:2]) == ["NO"]
     assert judge.make_judge("rules").coherence is None
@@ -428,7 +431,7 @@ def test_coherence_log_probabilities_in_a_padded_batch(smollm2_path):
     the longest) equal a plain forward of each sequence alone with a full log-softmax, in fp32."""
     import torch
     from model import load_model
-    scorer = judge.CoherenceScorer()
+    scorer = heuristic.CoherenceScorer()
     scorer.model, scorer.tokenizer = load_model(smollm2_path, torch.float32, "cpu")
     scorer.device = "cpu"
     answers = [scorer.tokenizer(a, add_special_tokens=False)["input_ids"] for a in (ON_TOPIC, "Naples.")]
@@ -463,7 +466,7 @@ def test_heuristic_compare_and_label():
 
 
 # ----------------------------------------------------------------------------------------------
-# judge.py agree: re-judge a judged rows file and compare (a small file written here, verdicts by hand)
+# report.py agree: re-judge a judged rows file and compare (a small file written here, verdicts by hand)
 
 def judged_rows():
     """Two facts of one topic and three retain rows; the 'reference' verdicts are ours, chosen so that the
@@ -504,7 +507,7 @@ def write_rows(path, rows):
 def test_agree_heuristic(tmp_path):
     path = write_rows(tmp_path / "rows.jsonl", judged_rows())
     lines = []
-    res = judge.agree(path, HeuristicJudge(), out=lines.append)
+    res = report.agree(path, HeuristicJudge(), out=lines.append)
     a = res["agreement"]
     assert a["leak"] == {"rows": 5, "agree": 4, "confusion": {("YES", "YES"): 2, ("YES", "NO"): 1, ("NO", "NO"): 2},
                          "reference_invalid": 0}
@@ -524,8 +527,8 @@ def test_agree_heuristic(tmp_path):
     text = "\n".join(lines)
     assert "| leak (forget) | 5 | 80.00 | 66.7 | 100.0 | 2 | 1 | 0 | 2 | 0 |" in text     # recall 2/3, precision 2/2
     assert "| knows (retain) | 3 | 33.33 | 50.0 | 50.0 | 1 | 1 | 1 | 0 | 0 |" in text
-    assert judge.recall_precision({("NO", "NO"): 4}) == (None, None)
-    assert judge.recall_precision({("NO", "YES"): 1, ("YES", "NO"): 3}) == (0.0, 0.0)
+    assert report.recall_precision({("NO", "NO"): 4}) == (None, None)
+    assert report.recall_precision({("NO", "YES"): 1, ("YES", "NO"): 3}) == (0.0, 0.0)
     assert "| Q_D+I | 100.0 | 50.0 | -50.0 |" in text and "| Syn | 100.0 | 0.0 | -100.0 |" in text
     assert "ground truth: 73 seconds | answer: 73 minutes" in text
     assert "(1 reference INVALID left out)" in text
@@ -533,21 +536,23 @@ def test_agree_heuristic(tmp_path):
 
 def test_agree_cli_and_bad_input(tmp_path, capsys):
     path = write_rows(tmp_path / "rows.jsonl", judged_rows())
-    judge.main(["agree", str(path), "--show", "2"])
+    report.main(["agree", str(path), "--show", "2"])
     out = capsys.readouterr().out
     assert "new judge: heuristic (approximate)" in out and "top 2" in out and "| Retain | 66.7 | 66.7 | +0.0 |" in out
     rows = judged_rows()
     del rows[1]["answer"]
     bad = write_rows(tmp_path / "bad.jsonl", rows)
     with pytest.raises(SystemExit, match=f"{bad}:2: field 'answer' missing"):
-        judge.main(["agree", str(bad)])
+        report.main(["agree", str(bad)])
     rows = judged_rows()
     rows[5]["verdicts"] = {"knows": "maybe"}
     with pytest.raises(SystemExit, match=r"bad2.jsonl:6: field 'verdicts' has 'knows': 'maybe'"):
-        judge.main(["agree", str(write_rows(tmp_path / "bad2.jsonl", rows))])
+        report.main(["agree", str(write_rows(tmp_path / "bad2.jsonl", rows))])
     (tmp_path / "bad3.jsonl").write_text("{not json\n")
     with pytest.raises(SystemExit, match="bad3.jsonl:1: not a JSON object"):
-        judge.main(["agree", str(tmp_path / "bad3.jsonl")])
+        report.main(["agree", str(tmp_path / "bad3.jsonl")])
+    with pytest.raises(SystemExit, match=r"^report.py: .*No such file or directory: .*missing.jsonl"):
+        report.main(["agree", str(tmp_path / "missing.jsonl")])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -727,13 +732,13 @@ def test_server_restart_mid_run(smollm2_server, tmp_path):
 
 @pytest.mark.slow
 def test_server_agree(smollm2_server, tmp_path, capsys):
-    """`judge.py agree --judge http` with the real server in the loop: each reference verdict is asked again
+    """`report.py agree --judge http` with the real server in the loop: each reference verdict is asked again
     (through the cache), the table counts every row, and the reference metrics come from evaluate.py."""
     easy = dict(judged_rows()[0], id="t|forget|K1-direct|easy|alone", verdicts={"gibberish": "YES"}, **EASY[0])
     rows = [easy, judged_rows()[5]]               # gibberish on one forget row (the short rubric), knows on one retain
     path = write_rows(tmp_path / "rows.jsonl", rows)
     cache = tmp_path / "c.sqlite"
-    judge.main(["agree", str(path), "--judge", "http", "--judge-url", smollm2_server.url + "/v1", "--cache", str(cache),
+    report.main(["agree", str(path), "--judge", "http", "--judge-url", smollm2_server.url + "/v1", "--cache", str(cache),
                 "--judge-concurrency", "2", "--judge-timeout", "600", "--show", "5"])
     out = capsys.readouterr().out
     assert "new judge: smollm2" in out.lower() and "reference judge: reference judge" in out

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import data
+import heuristic
 import judge
 import utility
 from model import load_model
@@ -266,9 +267,9 @@ def test_rgq_eval_with_heuristic_judge():
     instructions = ["Name a fruit.", "Describe the sea.", "Say hello."]
     base = ["An apple is a fruit.", "The sea is large and blue.", "Hello there, friend."]
     new = ["fjdk 3#@ kd9!x ##", "The sea is vast and salty.", "Hello to you too."]
-    out = utility.rgq_eval(judge.HeuristicJudge(), instructions, base, new)
+    out = utility.rgq_eval(heuristic.HeuristicJudge(), instructions, base, new)
     assert out == {"rgq": pytest.approx(1 / 3), "wins": 0, "losses": 1, "ties": 2, "discarded": 0}
-    out = utility.rgq_eval(judge.HeuristicJudge(), instructions, new, base)   # roles swapped
+    out = utility.rgq_eval(heuristic.HeuristicJudge(), instructions, new, base)   # roles swapped
     assert out["wins"] == 1 and out["losses"] == 0 and out["rgq"] == pytest.approx(2 / 3)
 
 
