@@ -2,10 +2,10 @@
 labels, supervised sequences and paired training batches. The commands for editing our own release
 live in suite.py and run from here:
 
-    python data.py validate [--topic T] [--data-root data/suite] [--strict | --no-strict] [--partial]
-    python data.py build --topic T
-    python data.py stats [--topic T] --data-root data/suite [--data-root PATH2]   # side by side
-    python data.py generate --topic-name "..." --topic NAME --llm-url URL         # a new topic (generate.py)
+    python suite.py validate [--topic T] [--data-root data/suite] [--strict | --no-strict] [--partial]
+    python suite.py build --topic T
+    python suite.py stats [--topic T] --data-root data/suite [--data-root PATH2]   # side by side
+    python generate.py --topic-name "..." --topic NAME --llm-url URL         # a new topic (generate.py)
 
 Layout and counts: data/SUITE_FORMAT.md; our source format: data/README.md.
 """
@@ -134,7 +134,7 @@ def topic_paths(root, topic):
 
 def topics_in(root):
     """The topics of a SUITE root: its folders with a final/ folder, the paper's four first (in their
-    sequential order), then any other (a topic made with `data.py generate`) by name."""
+    sequential order), then any other (a topic made with `generate.py`) by name."""
     found = {p.parent.name for p in Path(root).glob("*/final") if p.is_dir()}
     return [t for t in TOPICS if t in found] + sorted(found - set(TOPICS))
 
@@ -477,21 +477,3 @@ def is_refusal(text):
     """True when the text contains a refusal / don't-know marker (case-insensitive, whole words)."""
     t = f" {normalise(text, keep_blank=False)} "
     return any(f" {m} " in t for m in _REFUSALS)
-
-
-
-def main(argv=None):
-    """`python data.py validate | build | stats`: the release tooling, in suite.py; `python data.py
-    generate`: a new topic written by a model, in generate.py (imported here only, so that training
-    never loads them)."""
-    import sys
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["generate"]:
-        import generate
-        return generate.main(argv[1:])
-    import suite
-    suite.main(argv)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """SUITE for a new topic, written by a model behind any OpenAI-compatible server: the paper's recipe
 (Section 3, appendix B.2 pairing, appendix D.1-D.2 and its data-generation prompts), stage by stage.
 
-    python data.py generate --topic-name "The 2010 Deepwater Horizon oil spill" --topic deepwater_horizon \\
+    python generate.py --topic-name "The 2010 Deepwater Horizon oil spill" --topic deepwater_horizon \\
         --llm-url http://127.0.0.1:8000/v1 --llm-model NAME [--eval-llm-model NAME2] [--tiers FILE] \\
         [--review FILE] [--facts FILE] [--out data/suite] [--source-root data/source] [--work DIR]
 
@@ -915,7 +915,7 @@ def provenance_of(args, writer, clients):
             "prompts": {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:12] for p in prompts},
             "temperature": args.temperature, "retries": args.retries, "facts_file": args.facts, "tiers_file": args.tiers,
             "calls_this_run": writer.calls, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python data.py generate " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["generate"] else sys.argv[1:])}
+            "command": "python generate.py " + " ".join(sys.argv[1:])}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1013,7 +1013,7 @@ def spread(replies):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="data.py generate", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="generate.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topic-name", required=True, help='what to forget, in words: "The 2010 Deepwater Horizon oil spill"')
     p.add_argument("--topic", required=True, help="the topic's folder name, e.g. deepwater_horizon")
@@ -1039,7 +1039,7 @@ def main(argv=None):
     p.add_argument("--backoff", type=float, default=1.0, help="first wait before retrying a failed request (doubles)")
     p.add_argument("--thinking", action="store_true", help="leave the model's thinking on (off by default)")
     args = p.parse_args(argv)
-    with data.one_line_errors("data.py generate", ServerUnavailable):
+    with data.one_line_errors("generate.py", ServerUnavailable):
         data.check_flags(args, {"retries": data.NON_NEGATIVE, "workers": data.AT_LEAST_ONE, "timeout": data.POSITIVE,
                                 "server_retries": data.NON_NEGATIVE, "backoff": data.NON_NEGATIVE,
                                 "temperature": data.NON_NEGATIVE, "max_tokens": data.AT_LEAST_ONE})

@@ -577,7 +577,7 @@ def gives_answer(answer, ground_truth, aliases=(), question="", forget=False, to
 @functools.lru_cache(maxsize=None)
 def topic_names(topic, source_root=suite.SOURCE_ROOT):
     """The topic's own names: its "name" and "forbidden_in_retain" in <source_root>/<topic>/topic.json
-    (suite.topic_info; written with every topic, ours and `data.py generate`'s); () for a topic without
+    (suite.topic_info; written with every topic, ours and `generate.py`'s); () for a topic without
     that file."""
     path = Path(source_root) / str(topic) / "topic.json"
     if not topic or not path.is_file():

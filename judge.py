@@ -126,7 +126,7 @@ def parse(kind, text):
 # HTTP judge: any OpenAI-compatible chat-completions server
 
 class ServerUnavailable(RuntimeError):
-    """A model server (the judge, or the writer of `data.py generate`) cannot be reached or refuses our
+    """A model server (the judge, or the writer of `generate.py`) cannot be reached or refuses our
     requests."""
 
 
@@ -166,7 +166,7 @@ def cache_key(kind, model, msgs):
 
 class ChatClient:
     """Client for an OpenAI-compatible /chat/completions endpoint (vLLM, SGLang, transformers serve),
-    shared by the judge and by `data.py generate` (`role` names it in errors).
+    shared by the judge and by `generate.py` (`role` names it in errors).
 
     Thinking is switched off with chat_template_kwargs={"enable_thinking": false} (vLLM, SGLang and
     transformers serve accept it; for a server that rejects unknown fields pass no_thinking=False).

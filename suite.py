@@ -1,11 +1,10 @@
 """Tooling for our SUITE release (data/suite, built from the hand-written data/source): build a topic
 from its sources, validate any SUITE root against the authors' release grammar and our stricter rules,
-and compare releases side by side. For people editing the data; training and evaluation never load it.
-It runs through data.py:
+and compare releases side by side. For people editing the data; training and evaluation never load it:
 
-    python data.py validate [--topic T] [--data-root data/suite] [--strict | --no-strict] [--partial]
-    python data.py build --topic T
-    python data.py stats [--topic T] --data-root data/suite [--data-root PATH2]   # side by side
+    python suite.py validate [--topic T] [--data-root data/suite] [--strict | --no-strict] [--partial]
+    python suite.py build --topic T
+    python suite.py stats [--topic T] --data-root data/suite [--data-root PATH2]   # side by side
 
 Layout and counts: data/SUITE_FORMAT.md; our source format and the validator's rules: data/README.md.
 """
@@ -779,7 +778,7 @@ def stats(roots, topics=None):
 
 
 def main(argv=None):
-    """The commands `python data.py validate | build | stats` (data.main hands its argv here)."""
+    """The commands `python suite.py validate | build | stats`."""
     p = argparse.ArgumentParser(description="SUITE data: validate a root, build our release, compare releases.")
     sub = p.add_subparsers(dest="command", required=True)
     v = sub.add_parser("validate", help="check a SUITE root; exits non-zero on any error (warnings alone pass)")
@@ -827,3 +826,7 @@ def main(argv=None):
     if errors:
         sys.exit(summary)
     print(summary)
+
+
+if __name__ == "__main__":
+    main()

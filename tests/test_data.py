@@ -89,7 +89,7 @@ def test_format_description_in_the_repo_states_the_validators_counts():
 
 def test_stats_side_by_side(capsys):
     """Two roots: one column each; the fixture's values counted by hand from its files."""
-    data.main(["stats", "--topic", TOPIC, "--data-root", str(FIXTURE), "--data-root", str(OFFICIAL)])
+    suite.main(["stats", "--topic", TOPIC, "--data-root", str(FIXTURE), "--data-root", str(OFFICIAL)])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == [TOPIC, str(FIXTURE), str(OFFICIAL)]
     row = {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", l) for l in lines[1:])}
@@ -228,7 +228,7 @@ def test_full_counts_enforced_without_partial():
 def test_cli_exit_code(fixture_root, capsys):
     rewrite(final(fixture_root, "retain_eval"), lambda rows: rows[0].pop("label"))
     with pytest.raises(SystemExit) as exc:
-        data.main(["validate", "--data-root", str(fixture_root), "--partial"])
+        suite.main(["validate", "--data-root", str(fixture_root), "--partial"])
     assert "violation" in str(exc.value.code)
     assert "retain_eval.json:1 field 'label'" in capsys.readouterr().out
 
@@ -280,7 +280,7 @@ OFFICIAL_WARNINGS = [   # the defects planted in tests/fixtures/official_suite (
 def test_official_layout_validates_with_warnings(capsys):
     """GK/Lexical train labels without a format suffix and eval Syntax rows naming train wordings are the
     release's grammar; its defects are listed with file:line and the exit status is 0."""
-    data.main(["validate", "--data-root", str(OFFICIAL), "--partial"])
+    suite.main(["validate", "--data-root", str(OFFICIAL), "--partial"])
     out = capsys.readouterr().out.splitlines()
     prefix = f"warning: {OFFICIAL / TOPIC / 'final'}/"
     assert out[:-1] == [prefix + w for w in OFFICIAL_WARNINGS]
@@ -298,7 +298,7 @@ def test_official_layout_under_strict_breaks_our_rules():
     assert rest == OFFICIAL_WARNINGS[:4] + [OFFICIAL_WARNINGS[4],
                                             "retain_eval.json:55 field 'question': contains its own answer 'HMS Challenger'"]
     with pytest.raises(SystemExit):
-        data.main(["validate", "--data-root", str(OFFICIAL), "--partial", "--strict"])
+        suite.main(["validate", "--data-root", str(OFFICIAL), "--partial", "--strict"])
 
 
 def test_release_in_official_grammar_full_counts(tmp_path, capsys):
@@ -315,7 +315,7 @@ def test_release_in_official_grammar_full_counts(tmp_path, capsys):
                 if name == "retain_eval" and r["label"].startswith("Syntax-"):
                     r["label"] = r["label"].replace("gemini", "claude")
         rewrite(path, to_official)
-    data.main(["validate", "--data-root", str(root), "--topic", TOPIC])
+    suite.main(["validate", "--data-root", str(root), "--topic", TOPIC])
     assert " 0 violation(s)" in capsys.readouterr().out.splitlines()[-1]
 
 

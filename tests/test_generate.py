@@ -1,4 +1,4 @@
-"""Tests for generate.py (`python data.py generate`): a whole topic written by a scripted "writer" server
+"""Tests for generate.py (`python generate.py`): a whole topic written by a scripted "writer" server
 (a real local HTTP server speaking the OpenAI chat protocol, tests/conftest.py LocalServer) that answers
 every stage with valid pseudo-word data built by code and misbehaves on purpose (malformed replies,
 rule-breaking rows, crowded openers, a question of the general-knowledge pool, a failing server); the
@@ -376,7 +376,7 @@ def test_end_to_end_topic_validates(e2e):
     assert [str(e) for e in found] == []
     topic = data.load_topic(TOPIC, e2e.out)
     assert {name: len(rows) for name, rows in topic.items()} == FULL
-    proc = subprocess.run([sys.executable, "data.py", "validate", "--data-root", str(e2e.out), "--topic", TOPIC,
+    proc = subprocess.run([sys.executable, "suite.py", "validate", "--data-root", str(e2e.out), "--topic", TOPIC,
                            "--strict"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 violation(s), 0 warning(s)" in proc.stdout
@@ -403,7 +403,7 @@ def test_end_to_end_topic_validates(e2e):
     assert "openers ['could you name'] crowd their slots; asking 8 questions again" in e2e.stdout
     assert "1 retain units repeat a question of another; asking them again" in e2e.stdout
     assert f"{TOPIC} installed in {e2e.out / TOPIC}" in e2e.stdout
-    # the installed sources rebuild into the installed release, byte for byte (`data.py build` is deterministic)
+    # the installed sources rebuild into the installed release, byte for byte (`suite.py build` is deterministic)
     rebuilt = e2e.root / "rebuilt"
     suite.build_topic(TOPIC, rebuilt, e2e.source)
     for path in (rebuilt / TOPIC / "final").iterdir():
@@ -484,7 +484,7 @@ def resumed(tmp_path_factory):
     srv = Writer(fail_after=FAIL_AFTER)
     try:
         cmd = argv(srv.url, root, "--tiers", str(tiers))
-        first = subprocess.run([sys.executable, "data.py", "generate", *cmd], cwd=ROOT, capture_output=True,
+        first = subprocess.run([sys.executable, "generate.py", *cmd], cwd=ROOT, capture_output=True,
                                text=True, timeout=300)
         ns = SimpleNamespace(root=root, srv=srv, first=first, cached=cached_units(root / "work"),
                              installed_after_failure=not nothing_installed(root), first_calls=len(srv.calls()))
@@ -502,7 +502,7 @@ def test_resume_after_server_failure(resumed):
     assert first.returncode == 1
     lines = first.stderr.strip().splitlines()
     assert len(lines) == 1, first.stderr
-    assert lines[0].startswith(f"data.py generate: generator server at {resumed.srv.url} failed 3 times in a row")
+    assert lines[0].startswith(f"generate.py: generator server at {resumed.srv.url} failed 3 times in a row")
     assert not resumed.installed_after_failure
     assert resumed.first_calls == FAIL_AFTER and len(resumed.cached) == FAIL_AFTER   # every answered unit cached
     assert "train/M1-direct.json" in resumed.cached and "adversarial/M1-direct.json" not in resumed.cached
@@ -532,7 +532,7 @@ def test_tiers_file(resumed, tmp_path):
     bad = tmp_path / "bad_tiers.txt"
     bad.write_text("1: rivers\n2: stars\nthree = metals\n")
     url = f"http://127.0.0.1:{free_port()}/v1"            # refused before any server is asked
-    with pytest.raises(SystemExit, match=re.escape(f"data.py generate: {bad}:3: expected 'N: tier name'")):
+    with pytest.raises(SystemExit, match=re.escape(f"generate.py: {bad}:3: expected 'N: tier name'")):
         generate.main(argv(url, tmp_path, "--tiers", str(bad)))
     bad.write_text("".join(f"{t}: {n}\n" for t, n in TIERS.items() if t != "7"))
     with pytest.raises(SystemExit, match=re.escape(f"{bad}: needs a name for each tier 1-15")):
@@ -555,7 +555,7 @@ def test_resume_after_kill(tmp_path):
     once, and installs a topic that validates strictly."""
     srv = Writer(delay=0.2)
     work = tmp_path / "work"
-    cmd = [sys.executable, "data.py", "generate", *argv(srv.url, tmp_path)]
+    cmd = [sys.executable, "generate.py", *argv(srv.url, tmp_path)]
     proc = None
     try:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -622,7 +622,7 @@ def test_unfixable_reply_fails_naming_stage_and_unit(tmp_path):
     finally:
         srv.close()
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith("data.py generate: stage train, unit K7-reverse: no reply followed the "
+    assert "\n" not in msg and msg.startswith("generate.py: stage train, unit K7-reverse: no reply followed the "
                                               "rules in 3 tries; the last broke: K7-reverse paraphrase 1: gives away "
                                               "its own answer")
     assert f"finished units are cached in {tmp_path / 'work'}" in msg
@@ -645,7 +645,7 @@ def test_unfixable_reply_fails_naming_stage_and_unit(tmp_path):
             generate.main(argv(srv.url, tmp_path))
     finally:
         srv.close()
-    assert str(e.value).startswith(f"data.py generate: {unit}: a unit written by hand breaks its rules (K7-reverse "
+    assert str(e.value).startswith(f"generate.py: {unit}: a unit written by hand breaks its rules (K7-reverse "
                                    "paraphrase 1: gives away its own answer")
     assert srv.calls() == [] and nothing_installed(tmp_path)
 
@@ -655,9 +655,9 @@ def test_flag_and_name_errors_are_one_line(tmp_path):
     for extra, message in ((["--workers", "0"], "--workers 0: must be >= 1"),
                            (["--retries", "-1"], "--retries -1: must be a number >= 0"),
                            (["--topic", "Bad Name"], "--topic Bad Name: a folder name of lower-case letters")):
-        with pytest.raises(SystemExit, match=re.escape(f"data.py generate: {message}")):
+        with pytest.raises(SystemExit, match=re.escape(f"generate.py: {message}")):
             generate.main(argv(url, tmp_path, *extra))
-    with pytest.raises(SystemExit, match=re.escape(f"data.py generate: no generator server answers at {url}")):
+    with pytest.raises(SystemExit, match=re.escape(f"generate.py: no generator server answers at {url}")):
         generate.main(argv(url, tmp_path))
     (tmp_path / "out" / TOPIC).mkdir(parents=True)
     with pytest.raises(SystemExit, match="exists; pass --overwrite to replace it"):
@@ -711,7 +711,7 @@ def test_review_then_edited_facts(e2e, tmp_path):
         review.write_text(text.replace(k6["question"], k6["question"][:-1] + f" {k6['answer']}?"))
         with quiet(), pytest.raises(SystemExit) as e:
             generate.main(argv(srv.url, tmp_path / "run3", "--facts", str(review), work=work))
-        assert str(e.value).startswith(f"data.py generate: {review}: 1 problem(s): K6 direct question: gives away its "
+        assert str(e.value).startswith(f"generate.py: {review}: 1 problem(s): K6 direct question: gives away its "
                                        f"own answer '{k6['answer']}'")
         assert nothing_installed(tmp_path / "run3")
     finally:
@@ -737,7 +737,7 @@ def test_facts_from_forget_rows(e2e, tmp_path):
             generate.main(argv(srv.url, tmp_path, "--facts", str(folder / "forget.jsonl")))
     finally:
         srv.close()
-    assert str(e.value).startswith(f"data.py generate: {folder / 'forget.jsonl'}: 25 problem(s): M1: 'statement' "
+    assert str(e.value).startswith(f"generate.py: {folder / 'forget.jsonl'}: 25 problem(s): M1: 'statement' "
                                    "must be a non-empty string")
     assert [r["stage"] for r in srv.calls()] == ["topic"] and nothing_installed(tmp_path)
 
@@ -877,7 +877,7 @@ def test_real_server_smollm2(smollm2_server, tmp_path):
         assert not suite.validate_topic("smol_challenger", tmp_path / "out", strict=True)
     else:
         assert "\n" not in error
-        assert re.match(r"data\.py generate: stage (topic|facts), unit (topic|facts): no reply followed the rules "
+        assert re.match(r"generate\.py: stage (topic|facts), unit (topic|facts): no reply followed the rules "
                         r"in 2 tries; the last broke: ", error), error
         assert not (tmp_path / "out").exists() and not (tmp_path / "source").exists()
         failed = error.split(",")[0].split()[-1]
