@@ -247,6 +247,8 @@ def bench_judge(paths):
     apart). Projects a topic's gibberish verdicts at the rows' share of such answers."""
     import heuristic
     import report
+    if not paths:
+        raise SystemExit("bench judge: give the rows to judge (--judge-rows ROWS.jsonl ...)")
     rows = [r for path in paths for r in report.read_rows(path)]
     rules = heuristic.HeuristicJudge(coherence=False)
     t0, n = time.time(), 0
@@ -336,8 +338,6 @@ def main():
                 print(part, json.dumps(results[part]), flush=True)
                 (Path(args.out) / "bench.json").write_text(json.dumps(results, indent=1))
     if "judge" in args.parts:
-        if not args.judge_rows:
-            p.error("--parts judge needs --judge-rows ROWS.jsonl ...")
         results["judge"] = bench_judge(args.judge_rows)
         print("judge", json.dumps(results["judge"]), flush=True)
     if int(os.environ.get("RANK", 0)) == 0:

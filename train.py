@@ -666,9 +666,8 @@ def parse_args(argv=None):
                    help="checkpoint when this many minutes have passed since the last one (0: never). A checkpoint "
                         "holds the fp32 weights and Adam's two moments, 12 bytes per parameter (38 GB for a 3B model)")
     p.add_argument("--print-every", type=float, default=5.0, help="seconds between progress lines")
-    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
-                   help="bf16: bf16 compute over fp32 master weights; fp32: all fp32 (exact tests); auto: bf16 on a GPU "
-                        "or a CPU with native bf16 (AMX, AVX512-BF16), else fp32 (model.choose_precision)")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto", help="bf16 compute over fp32 "
+                   "masters, or all fp32; auto: bf16 on a GPU or a CPU with AMX or AVX512-BF16 (model.choose_precision)")
     p.add_argument("--no-save", action="store_true", help="do not export the trained model (benchmarks)")
     p.add_argument("--profile-steps", type=int, default=0, metavar="N",
                    help="profile N optimizer steps after the warm-up with torch.profiler and write a summary "
