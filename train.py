@@ -683,7 +683,11 @@ def parse_args(argv=None):
                    help="deterministic kernels where torch has them (torch.use_deterministic_algorithms; others "
                         "warn), so that a rerun reproduces the weights on the same hardware (the small block's injection)")
     p.add_argument("--trust-remote-code", action="store_true")
-    args = p.parse_args(argv)
+    return resolve_args(p.parse_args(argv))
+
+
+def resolve_args(args):
+    """Flag values checked, the method's defaults filled in (epochs, micro-batch, run folder)."""
     data.check_flags(args, FLAG_RULES)
     spec = losses.METHODS[args.method]
     args.epochs = args.epochs or (10 if spec.get("relearn") else 20)
