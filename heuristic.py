@@ -21,6 +21,7 @@ from data import is_refusal, normalise
 
 KINDS = ("forget", "retain", "gibberish")         # the rubrics it judges (judge.HTTPJudge also judges RGQ)
 
+
 # --- Words: tokens, stems, names, phrases (forget Rule 1, retain YES Rule 1: case and punctuation
 # never matter)
 
