@@ -505,7 +505,8 @@ def evaluate_model(model_path, out_dir, queries, judge, *, batch_size=DEFAULT_BA
     model, see run_settings) is recorded in metrics.json. `precision`: the model's (model.choose_precision),
     recorded with the timings."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    t = {"precision": choose_precision(precision, "cuda" if torch.cuda.is_available() else "cpu")[0]}
+    precision = choose_precision(precision, "cuda" if torch.cuda.is_available() else "cpu")[0]
+    t = {"precision": precision}
     t0 = time.time()
     get_model = lazy_model(model_path, precision)
     answers = generate_answers(get_model, queries, out_dir, batch_size, prompt_format, system_prompt,
@@ -697,7 +698,7 @@ def evaluate_all(args, judge_module):
             utility_parts=[p for p in ("mmlu", "rep", "rgq") if p not in args.skip], utility_options=options,
             base_path=base, base_eval=args.base_eval, nll_topics=args.topics, data_root=args.data_root,
             run_info=run_settings(trained, run_dir, name), max_invalid=args.max_invalid,
-            max_rgq_discarded=args.max_rgq_discarded, share_prefix=not args.no_shared_prefix, precision=args.precision)
+            max_rgq_discarded=args.max_rgq_discarded, share_prefix=not args.no_shared_prefix, precision=precision)
     if run_cfg and len(stages) > 1:
         lines = ["# Forget rate across stages (Q_All per topic after each stage)", "",
                  "| Stage | " + " | ".join(args.topics) + " | Retain |", "|" + "---|" * (len(args.topics) + 2)]

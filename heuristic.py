@@ -665,14 +665,13 @@ def _repeated_phrase(text, words, question_words, n_min=4):
     words (one with a verb marker, _CLAUSE) twice in one sentence without coming from the question (word
     salad that loops back on itself: 'was the first to ... was the first to'). Twice counts only inside one
     sentence or line: an answer said again on a line of its own is a repeat, not salad."""
-    if _stutters(words, thrice_only=True):
+    sentences = [normalise(part, keep_blank=False).split() for part in re.split(r"[.!?\n]+", text)]
+    if _stutters(words, thrice_only=True) or any(_stutters(s) for s in sentences):
         return True
-    if any(_stutters(normalise(part, keep_blank=False).split()) for part in re.split(r"[.!?\n]+", text)):
-        return True
-    for part, times in [(text, 3)] + [(p, 2) for p in re.split(r"[.!?\n]+", text)]:
-        words, seen = normalise(part, keep_blank=False).split(), {}
-        for i in range(len(words) - n_min + 1):
-            gram = tuple(words[i:i + n_min])
+    for span, times in [(words, 3)] + [(s, 2) for s in sentences]:
+        seen = {}
+        for i in range(len(span) - n_min + 1):
+            gram = tuple(span[i:i + n_min])
             if times == 2 and (not _CLAUSE & set(gram) or " ".join(gram) in question_words):
                 continue        # a name said twice ('roger boisjoly and william') restates; a clause twice loops
             if times == 3 and sum(w not in _STOP and w not in _CLAUSE for w in gram) < 2:
@@ -681,6 +680,26 @@ def _repeated_phrase(text, words, question_words, n_min=4):
                 seen.setdefault(gram, []).append(i)
             if len(seen[gram]) >= times:
                 return True
+    return False
+
+
+def _covering_ngram(words):
+    """An n-gram (n <= 8) repeated 3+ times (a single word 4+) that covers 60% or more of the text."""
+    n_tok = len(words)
+    for n in range(1, 9):
+        if n_tok < 3 * n or n_tok < 6:
+            break
+        grams = {}
+        for i in range(n_tok - n + 1):
+            grams.setdefault(tuple(words[i:i + n]), []).append(i)
+        starts = max(grams.values(), key=len)
+        if len(starts) < (4 if n == 1 else 3):
+            continue
+        covered = set()
+        for s in starts:
+            covered.update(range(s, s + n))
+        if len(covered) / n_tok >= 0.6:
+            return True
     return False
 
 
@@ -711,7 +730,7 @@ def is_gibberish(text, question="", ground_truth=""):
     if bad >= 2 and bad / len(raw) >= 0.25:
         return True
     context = set(normalise(question + " " + ground_truth, keep_blank=False).split())
-    alpha = [w for w in re.findall(r"[^\W\d_]+", text)]
+    alpha = re.findall(r"[^\W\d_]+", text)
     if len(words) <= 4 and alpha and all(_made_up(w, context) for w in alpha):
         return True     # 'Zedcapem', 'Apiumahau': a made-up word given as the answer
     if any(_CAPS_THEN_LOWER.match(w) and not _known(w) for w in alpha) or _YEAR_AS_NOUN.search(text):
@@ -721,27 +740,6 @@ def is_gibberish(text, question="", ground_truth=""):
     asks_date = _A_YEAR.search(ground_truth) or re.search(r"\b(when|date|year)\b", question, re.I)
     return bool(asks_date) and any(int(m.group(0)[:4]) in range(1000, 2101) and len(m.group(0)) in (5, 6)
                                    for m in _DIGITS.finditer(text))     # a year gone wrong: 'The date was 198612.'
-
-
-
-def _covering_ngram(words):
-    """An n-gram (n <= 8) repeated 3+ times (a single word 4+) that covers 60% or more of the text."""
-    n_tok = len(words)
-    for n in range(1, 9):
-        if n_tok < 3 * n or n_tok < 6:
-            break
-        grams = {}
-        for i in range(n_tok - n + 1):
-            grams.setdefault(tuple(words[i:i + n]), []).append(i)
-        starts = max(grams.values(), key=len)
-        if len(starts) < (4 if n == 1 else 3):
-            continue
-        covered = set()
-        for s in starts:
-            covered.update(range(s, s + n))
-        if len(covered) / n_tok >= 0.6:
-            return True
-    return False
 
 
 # --- Coherence: does a long answer follow from its question? (the embedded model)

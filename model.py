@@ -74,8 +74,8 @@ class Progress:
 
 def cpu_bf16_native():
     """(bool, why): whether this CPU computes bf16 matrix products natively (AMX or AVX512-BF16, and
-    oneDNN allowed to use them). Elsewhere torch emulates bf16, and on an AVX2-only CPU a bf16 matmul ran
-    60x slower than fp32 (BENCHMARKS.md). ONEDNN_MAX_CPU_ISA caps oneDNN's instruction set (CI sets AVX2),
+    oneDNN allowed to use them). Elsewhere torch emulates bf16: with AVX2 kernels a bf16 matmul ran about 80x
+    slower than fp32 (BENCHMARKS.md). ONEDNN_MAX_CPU_ISA caps oneDNN's instruction set (CI sets AVX2),
     and torch's own probe follows it only for AVX2 and below, so a cap without BF16 or AMX is read here."""
     features = [name for name, has in (("AMX", torch.cpu._is_amx_tile_supported()),
                                        ("AVX512-BF16", torch.cpu._is_avx512_bf16_supported())) if has]

@@ -8,8 +8,9 @@ Paper: sections 4-5 and appendix B; where the text is loose, the authors' runs. 
 pairs per optimizer step (--global-batch; micro-batches of --batch-size per device, the accumulation
 derived), linear warm-up over the first epoch from 0 then linear decay to 0, AdamW (weight decay 0.01 on
 weight matrices only), clipping 1.0, 20 epochs (relearning: 10), the system message data.SYSTEM_PROMPT
-on every sequence, bf16 compute with fp32 master weights (on a CPU only where bf16 is native, else fp32). Hyperparameters per method and model family
-(read from the model's config.json: llama, ministral, qwen, else default) come from losses.HPARAMS.
+on every sequence, bf16 compute with fp32 master weights (on a CPU only where bf16 is native, else fp32).
+Hyperparameters per method and model family (read from the model's config.json: llama, ministral, qwen,
+else default) come from losses.HPARAMS.
 
 The run directory holds log.jsonl, config.json, a resumable checkpoint/ (removed when the run ends)
 and one Hugging Face folder per stage (sequential: stage1_<topic>, ...; single/joint: final).
