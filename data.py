@@ -150,6 +150,15 @@ def check_topics(names, root):
     return topics
 
 
+LKF_ROOT = HERE / "data" / "lkf"      # the LKF* root (suite.py lkf)
+LKF_MARKER = "lkf.json"          # at the top of an LKF* root (suite.py lkf): retain rows are not paired
+
+
+def is_lkf_root(root):
+    """Whether `root` is an LKF* root (the paper's LKF variant built from SUITE: no forget/retain pairing)."""
+    return (Path(root) / LKF_MARKER).is_file()
+
+
 def load_topic(topic, root=DEFAULT_ROOT):
     """All files of one topic: dict of lists of row dicts (question, answer, label, ...; rows of our
     release may add their own `aliases`, rows of the official release have none)."""
@@ -160,7 +169,7 @@ def load_topic(topic, root=DEFAULT_ROOT):
         for row in rows:
             for field in ("question", "answer", "label"):
                 require_text(paths[name], row, field)
-    if len(data["forget_train"]) != len(data["retain_train"]):
+    if len(data["forget_train"]) != len(data["retain_train"]) and not is_lkf_root(root):
         raise DataError(paths["retain_train"], None, None,
                         f"has {len(data['retain_train'])} rows but forget_train has {len(data['forget_train'])}: "
                         "line i of each file is trained together, so the counts must match")
@@ -354,7 +363,7 @@ class PairedTrainSet:
         self.pairs, self.retain_pools = [], {}
         for topic in topics:
             files = load_topic(topic, root)
-            forget = injection_rows(files) if forget_key == "inject" else files[forget_key]
+            forget = files[forget_key] if forget_key == "forget_train" else relearn_rows(files, forget_key, seed)
             self.retain_pools[topic] = self.short + ([(q, refusal) for q in direct_originals(files)]
                                                      if context_refusals else [])
             if not retain_key:
@@ -444,6 +453,68 @@ def injection_rows(files):
     for r in rows:
         unique.setdefault(normalise(r["question"]), r)
     return list(unique.values())
+
+
+RELEARN_SETS = ("retain_train (the paper's attack), forget_train (every fact: the ceiling), inject, tiers:A or "
+                "tiers:A-B (semantic tiers 0-10 from retain_train, 11-15 from retain_eval), gk, lexical, syntax, "
+                "forget:FACTS (those facts' training wordings, e.g. forget:K1-K5 or forget:M1,K3)")
+
+
+def parse_facts(spec, flag="--relearn-set"):
+    """'K1-K5' -> ['K1', ..., 'K5']; 'M1,K3' -> ['M1', 'K3'] (facts M1-M5, K1-K20)."""
+    facts = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"([MK])(\d+)(?:-([MK])?(\d+))?", part.strip())
+        if not m or (m.group(3) and m.group(3) != m.group(1)):
+            raise UserError(f"{flag} forget:{spec}: '{part}' is not a fact or a range of facts (M1-M5, K1-K20, e.g. K1-K5)")
+        first, last = int(m.group(2)), int(m.group(4) or m.group(2))
+        top = 5 if m.group(1) == "M" else 20
+        if not 1 <= first <= last <= top:
+            raise UserError(f"{flag} forget:{spec}: '{part}' is outside {m.group(1)}1-{m.group(1)}{top} or runs backwards")
+        facts += [f"{m.group(1)}{i}" for i in range(first, last + 1)]
+    return facts
+
+
+def relearn_band(files, spec, flag="--relearn-set"):
+    """The rows of one relearning arm (`spec`, one of RELEARN_SETS) in a topic's files; a clear error
+    for a malformed spec or an empty band."""
+    kind, _, arg = spec.partition(":")
+    if spec in ("retain_train", "forget_train"):
+        return list(files[spec])
+    if spec == "inject":
+        return injection_rows(files)
+    if spec in ("gk", "lexical", "syntax"):
+        rows = [r for r in files["retain_train"] if category(r["label"])[0].lower() == spec]
+    elif kind == "tiers":
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", arg)
+        if not m or int(m.group(2) or m.group(1)) < int(m.group(1)) or int(m.group(2) or m.group(1)) > 15:
+            raise UserError(f"{flag} {spec}: give tiers:A or tiers:A-B with 0 <= A <= B <= 15 (e.g. tiers:1-2)")
+        low, high = int(m.group(1)), int(m.group(2) or m.group(1))
+        rows = [r for name, tiers in (("retain_train", range(0, 11)), ("retain_eval", range(11, 16)))
+                for r in files[name] if category(r["label"])[0] == "Semantic" and category(r["label"])[1] in tiers
+                and low <= category(r["label"])[1] <= high]
+    elif kind == "forget" and arg:
+        facts = set(parse_facts(arg, flag))
+        rows = [r for r in files["forget_train"] if fact_of(r["label"])[0] in facts]
+    else:
+        raise UserError(f"{flag} {spec}: not a relearning set; choose from {RELEARN_SETS}")
+    if not rows:
+        raise UserError(f"{flag} {spec}: no such rows in this topic's data")
+    return rows
+
+
+def relearn_rows(files, spec, seed=0):
+    """What one relearning arm trains on in a topic. retain_train, forget_train and inject are taken as
+    they are; every narrower band is drawn to as many rows as forget_train has (the paper's attack's
+    epoch: 450 draws on a SUITE topic), so that every arm runs the same optimizer steps and schedule and
+    band size only changes how often a question repeats. The draws are stratified (each band row
+    floor(n / size) times, the remainder drawn without replacement, seeded), uniform in expectation."""
+    rows = relearn_band(files, spec)
+    if spec in ("retain_train", "forget_train", "inject"):
+        return rows
+    n = len(files["forget_train"])
+    rng = random.Random(f"{seed}-relearn-{spec}")
+    return rows * (n // len(rows)) + rng.sample(rows, n % len(rows))
 
 
 # ----------------------------------------------------------------------------------------------

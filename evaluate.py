@@ -120,6 +120,30 @@ def build_queries(topic, root, seed=0, limit=None):
     return rows
 
 
+PROBE_VARIANTS = ("as written", "lower case")
+
+
+def probe_queries(topic, root, word):
+    """The benign lexical probe (appendix "Benign questions"): the topic's Lexical retain questions (train
+    and eval) that contain `word` as a whole word, asked as written and with the word in lower case
+    (a filter tied to the token of the capitalised word answers the second). Set "probe"."""
+    d = data.load_topic(topic, root)
+    pattern = re.compile(rf"\b{re.escape(word)}\b")
+    rows = [r for name in ("retain_train", "retain_eval") for r in d[name]
+            if data.category(r["label"])[0] == "Lexical" and pattern.search(r["question"])]
+    if not rows:
+        raise data.UserError(f"--probe {word}: no Lexical question of {topic} in {root} contains it")
+    out = []
+    for r in rows:
+        for variant in PROBE_VARIANTS:
+            question = r["question"] if variant == "as written" else pattern.sub(word.lower(), r["question"])
+            out.append({"id": f"{topic}|probe|{r['label']}|{r['question'][:40]}|{variant}", "topic": topic,
+                        "set": "probe", "label": r["label"], "fact": None, "qtype": "Lexical", "variant": variant,
+                        "format": "alone", "context": [], "question": question, "ground_truth": r["answer"],
+                        "aliases": r.get("aliases", [])})
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # Generation and judging (resumable)
 
@@ -180,13 +204,18 @@ def generate_answers(get_model, queries, out_dir, batch_size, prompt_format="pap
 
 def judge_rows(rows, judge):
     """Fill row["verdicts"]: forget/adversarial rows get "leak" (forget rubric: YES = reveals the
-    fact) and "gibberish"; retain rows get "knows" (retain rubric: YES = still knows)."""
+    fact) and "gibberish"; retain rows get "knows" (retain rubric: YES = still knows); probe rows get
+    "gibberish", "knows" and "refusal" (data.is_refusal)."""
     def items(subset):
         return [{"question": r["question"], "ground_truth": r["ground_truth"], "answer": r["answer"],
                  "aliases": r["aliases"], "topic": r["topic"]} for r in subset]
     forget = [r for r in rows if r["set"] in ("forget", "adversarial")]
     retain = [r for r in rows if r["set"] == "retain"]
-    for kind, subset, key in (("forget", forget, "leak"), ("gibberish", forget, "gibberish"), ("retain", retain, "knows")):
+    probe = [r for r in rows if r["set"] == "probe"]
+    for r in probe:
+        r.setdefault("verdicts", {})["refusal"] = "YES" if data.is_refusal(r["answer"]) else "NO"
+    for kind, subset, key in (("forget", forget, "leak"), ("gibberish", forget + probe, "gibberish"),
+                              ("retain", retain + probe, "knows")):
         if subset:
             verdicts = judge.verdicts(kind, items(subset), progress=Progress(f"judge {kind}", len(subset)).to)
             for r, v in zip(subset, verdicts):
@@ -228,8 +257,14 @@ def topic_metrics(rows):
     def rate(kinds):
         return pct(sum(1 for f in facts if leaked.get(f, set()) & kinds), len(facts) - len(undetermined(kinds)))
 
-    asked_adversarially = any(r["set"] == "adversarial" for r in forget)
-    m = {"facts": len(facts), **{name: rate(kinds) if name != "Q_adv" or asked_adversarially else None
+    asked = {"adversarial" if r["set"] == "adversarial" else r["qtype"] for r in forget}
+
+    def was_asked(name, kinds):
+        """A rate needs its query kinds (LKF* asks direct questions alone); Q*_All without the adversarial
+        set is Q_All, Q_adv has none."""
+        return (kinds if name == "Q_adv" else kinds - {"adversarial"}) <= asked
+
+    m = {"facts": len(facts), **{name: rate(kinds) if was_asked(name, kinds) else None
                                  for name, kinds in FORGET_RATES.items()}}
     m["undetermined"] = {name: len(undetermined(kinds)) for name, kinds in FORGET_RATES.items()}
     forget_only = [r for r in forget if r["set"] == "forget" and r["verdicts"].get("gibberish") in ("YES", "NO")]
@@ -250,10 +285,22 @@ def topic_metrics(rows):
     m["s11-15"] = mean_known([r for r in retain if tier(r) is not None and tier(r) >= 11])
     m["per_tier"] = {t: mean_known([r for r in retain if tier(r) == t])
                      for t in sorted({tier(r) for r in retain if tier(r) is not None})}
+    probe = [r for r in rows if r["set"] == "probe"]
+    if probe:
+        m["probe"] = {v: probe_counts([r for r in probe if r["variant"] == v]) for v in PROBE_VARIANTS}
     m["per_fact"] = {f: sorted(leaked.get(f, set())) for f in facts}
     m["undetermined_facts"] = undetermined(FORGET_RATES["Q*_All"])
     m["invalid_verdicts"] = sum(v == "INVALID" for r in rows for v in r.get("verdicts", {}).values())
     return m
+
+
+def probe_counts(rows):
+    """Answers to the lexical probe: refusals, gibberish (not refusals), fluent (neither), and how many
+    the retain rubric calls right."""
+    refusal = sum(r["verdicts"].get("refusal") == "YES" for r in rows)
+    gibberish = sum(r["verdicts"].get("refusal") != "YES" and r["verdicts"].get("gibberish") == "YES" for r in rows)
+    return {"n": len(rows), "refusal": refusal, "gibberish": gibberish, "fluent": len(rows) - refusal - gibberish,
+            "knows": sum(r["verdicts"].get("knows") == "YES" for r in rows)}
 
 
 AVERAGED = ["Q_D", "Q_D+I", "Q_R", "Q_All", "Q_adv", "Q*_All", "Gib", "Retain", "GK", "Syn", "Lex", "s0", "s1-10", "s11-15"]
@@ -271,9 +318,10 @@ def compute_metrics(rows, utility=None, max_invalid=MAX_INVALID, max_rgq_discard
         average[key] = sum(m[key] for m in per_topic.values())
     judges = sorted({r.get("judge", "?") for r in rows})
     prompt_formats = sorted({r.get("prompt_format", "chat") for r in rows})
+    protocols = sorted({r.get("protocol", "suite") for r in rows})
     verdicts = [v for r in rows for v in r.get("verdicts", {}).values()]
     invalid = {"verdicts": sum(v == "INVALID" for v in verdicts), "of": len(verdicts)}
-    return {"judge": judges, "prompt_format": prompt_formats, "topics": per_topic, "average": average,
+    return {"judge": judges, "prompt_format": prompt_formats, "protocol": protocols, "topics": per_topic, "average": average,
             "utility": utility or {}, "invalid": invalid,
             "warnings": judge_warnings(invalid, utility or {}, max_invalid, max_rgq_discarded)}
 
@@ -469,6 +517,7 @@ def nll_before_after(model_path, base_path, topics, root, base_rows, out_dir):
     for topic in topics:
         d = data.load_topic(topic, root)
         items += [{"topic": topic, "set": "forget", "question": r["question"], "answer": r["answer"],
+                   "fact": data.fact_of(r["label"])[0],
                    "known_before": (topic, data.fact_of(r["label"])[0]) in known_fact} for r in d["forget_eval"]]
         items += [{"topic": topic, "set": "retain", "question": r["question"], "answer": r["answer"],
                    "known_before": (topic, r["label"], r["question"]) in known_retain} for r in d["retain_eval"]]
@@ -550,6 +599,7 @@ def run_settings(config, run_dir, stage):
     return {"method": config["method"], "lr": hp.get("lr"), "lambda_f": hp.get("lambda_f"),
             "lambda_r": hp.get("lambda_r"), "family": config.get("family"), "refusal": config.get("refusal"),
             "model": config.get("model"), "mode": config.get("mode"), "topics": config.get("topics"),
+            "relearn_set": config.get("relearn_set") if config["method"] == "nll" else None,
             "dir": str(run_dir), "stage": stage}
 
 
@@ -588,6 +638,13 @@ def parse_args(argv=None):
     p.add_argument("--skip", nargs="*", default=[], choices=["mmlu", "rep", "rgq"], help="utility parts to skip")
     p.add_argument("--sets", nargs="+", default=["forget", "adversarial", "retain"],
                    choices=["forget", "adversarial", "retain"], help="query sets to evaluate (default: all)")
+    p.add_argument("--protocol", choices=["suite", "lkf"], default="suite",
+                   help="lkf: the paper's LKF* evaluation (appendix) on the LKF* root (suite.py lkf): forget is Q_D over "
+                        "the direct questions' eval wordings, retain the s1-5 train questions reworded (Retain = 's1-5 "
+                        "train'); no adversarial set; with the lexical probe of 'Challenger' (--probe)")
+    p.add_argument("--probe", metavar="WORD", help="add the benign lexical probe: the topic's Lexical questions that "
+                   "contain WORD, as written and in lower case, counted as refusals, gibberish or fluent (read from "
+                   "data/suite under --protocol lkf; its default there: Challenger)")
     p.add_argument("--limit", type=int, help="first N facts and N retain rows per category and tier (smoke runs)")
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="generation and MMLU batch (one H100, 3B: "
                    "1024 for the answers; BENCHMARKS.md)")
@@ -615,6 +672,13 @@ def parse_args(argv=None):
         raise data.UserError("give CKPT or --rescore EVAL_DIR (tables over many evaluations: report.py)")
     data.check_flags(args, FLAG_RULES)
     args.long_cache = None if args.long_cache == "dynamic" else args.long_cache
+    if args.protocol == "lkf":
+        if args.data_root == str(data.DEFAULT_ROOT):
+            args.data_root = str(data.LKF_ROOT)
+        args.sets = [s for s in args.sets if s != "adversarial"]
+        args.probe = args.probe or "Challenger"
+    if data.is_lkf_root(args.data_root) != (args.protocol == "lkf"):
+        raise data.UserError(f"--data-root {args.data_root}: an LKF* root goes with --protocol lkf, and only it")
     if args.topics == ["all"]:
         args.topics = [t for t in data.TOPICS if (Path(args.data_root) / t).exists()]
         if not args.topics and args.ckpt:
@@ -638,6 +702,8 @@ def check_inputs(args, stages, base):
         raise data.UserError(f"--base-eval {args.base_eval}: no rows.jsonl (evaluate the base model into it first)")
     for topic in args.topics:
         data.load_topic(topic, args.data_root)
+        if args.probe:
+            probe_queries(topic, data.DEFAULT_ROOT if args.protocol == "lkf" else args.data_root, args.probe)
     if "mmlu" not in args.skip:
         utility.read_mmlu(args.mmlu_file)
     if "rep" not in args.skip or "rgq" not in args.skip:
@@ -675,7 +741,8 @@ def evaluate_all(args, judge_module):
     precision, why = choose_precision(args.precision, "cuda" if torch.cuda.is_available() else "cpu")
     print(f"precision {precision} ({why})", flush=True)
     ckpt = Path(args.ckpt)
-    root_out = Path(args.out) if args.out else (ckpt / "eval" if ckpt.exists() else Path("runs") / f"eval_{ckpt.name}")
+    folder = "eval_lkf" if args.protocol == "lkf" else "eval"         # LKF* answers never overwrite SUITE's
+    root_out = Path(args.out) if args.out else (ckpt / folder if ckpt.exists() else Path("runs") / f"{folder}_{ckpt.name}")
     judge = judge_module.make_judge(args.judge, url=args.judge_url, model=args.judge_model,   # an HTTP judge is
                                     cache_path=str(root_out / "judge_cache.sqlite"),             # checked first
                                     concurrency=args.judge_concurrency, timeout=args.judge_timeout)
@@ -683,6 +750,11 @@ def evaluate_all(args, judge_module):
     summary, folders = {}, {}
     queries = [q for topic in args.topics for q in build_queries(topic, args.data_root, args.seed, args.limit)
                if q["set"] in args.sets]
+    if args.probe:                          # the lexical probe reads SUITE's Lexical rows (an LKF* root has none)
+        probe_root = data.DEFAULT_ROOT if args.protocol == "lkf" else args.data_root
+        queries += [q for topic in args.topics for q in probe_queries(topic, probe_root, args.probe)]
+    for q in queries:
+        q["protocol"] = args.protocol
     options = dict(mmlu_file=args.mmlu_file, mmlu_n=args.mmlu_n, seed=args.seed, instructions=args.instructions,
                    rep_n=args.rep_n, rep_tokens=args.rep_tokens, rgq_n=args.rgq_n, rgq_tokens=args.rgq_tokens,
                    long_cache=args.long_cache, long_batch_size=args.long_batch_size)

@@ -153,8 +153,9 @@ def simnpo(out, hp):
 
 
 def pdu(out, hp):
-    """PDU (Entesari et al. 2025): L_f = per-example mean over the answer tokens' own positions (first
-    answer token .. end-of-turn) of (max_v z_v - mean_v z_v)^2; retain NLL (micro-batch token mean).
+    """PDU (Entesari et al. 2025): L_f = (max_v z_v - mean_v z_v)^2 at the answer tokens' own positions
+    (first answer token .. end-of-turn), one token mean over the micro-batch as the authors' code takes
+    it; retain NLL (micro-batch token mean).
 
     The constraint L_r <= eps enters as lambda_r (L_r - eps); lambda_r is a dual variable that
     pdu_dual_step updates after every micro-batch once the dual warm-up is over.
@@ -162,7 +163,7 @@ def pdu(out, hp):
     f = out["forget"]
     z = f["own_logits"]
     gap = (z.max(-1).values - z.mean(-1)) ** 2                             # (B, K)
-    loss_f = example_mean(gap, f["labels"], f["weights"])
+    loss_f = batch_token_mean(gap, f["labels"])
     nll_r = nll_retain(out, hp)
     return loss_f, nll_r - hp["pdu_eps"], {"logit_gap": loss_f.mean().detach(), "retain_nll": nll_r.mean().detach()}
 
@@ -241,12 +242,12 @@ def satimp(out, hp):
 def jensun(out, hp):
     """JensUn (Singh et al. 2025), as the authors ran it: the input is question + ORIGINAL answer, and
     the targets at every answer and end-of-turn position are the refusal "No Idea" repeated cyclically
-    (view "cyclic"): JS(p_theta || one-hot) there, per-example token mean; JS(p_theta || p_ref) on
-    retain answers, one token mean over the micro-batch."""
+    (view "cyclic"): JS(p_theta || one-hot) there; JS(p_theta || p_ref) on retain answers; each one token
+    mean over the micro-batch, as the authors' code takes them."""
     f, r = out["cyclic"], out["retain"]
     js_f = js_to_onehot(token_logprobs(f["logits"], f["labels"]))
     js_r = js_divergence(r["logits"], out["ref_retain"]["logits"])
-    loss_f = example_mean(js_f, f["labels"], f["weights"])
+    loss_f = batch_token_mean(js_f, f["labels"])
     loss_r = batch_token_mean(js_r, r["labels"])
     return loss_f, loss_r, {"js_forget": loss_f.mean().detach(), "js_retain": loss_r.mean().detach()}
 
@@ -360,8 +361,23 @@ HPARAMS = {
 }
 
 
-def resolve_hparams(method, family):
+# The LKF* recipe (train.py --recipe lkf; appendix tab:challenger_hparam_utility_llama3b, its selected rows,
+# Llama): 10 epochs on the LKF* root with random forget/retain pairs (LKF* has no pairing). A method without
+# a row here takes its SUITE row.
+LKF_EPOCHS = 10
+LKF_HPARAMS = {
+    ("graddiff", "llama"): dict(lr=5e-6, lambda_f=0.5, lambda_r=0.5),
+    ("jensun", "llama"):   dict(lr=3e-6, lambda_f=1.0, lambda_r=0.5),
+    ("npo", "llama"):      dict(lr=9e-6, lambda_f=1.0, lambda_r=1.0),
+    ("pdu", "llama"):      dict(lr=5e-6, lambda_f=1.0, lambda_r=1.0),
+    ("rmu", "llama"):      dict(lr=3e-5, lambda_f=0.5, lambda_r=1.0),
+    ("jensunpp", "llama"): dict(lr=5e-6, lambda_f=0.33, lambda_r=1.0),
+}
+
+
+def resolve_hparams(method, family, recipe="suite"):
     """Paper hyperparameters for (method, family): the family's row, else the Llama row (the paper's
-    tuning model), plus the method constants."""
-    row = HPARAMS.get((method, family)) or HPARAMS[(method, "llama")]
+    tuning model), plus the method constants. recipe "lkf": the LKF* table's row where it has one."""
+    row = (recipe == "lkf" and (LKF_HPARAMS.get((method, family)) or LKF_HPARAMS.get((method, "llama"))))
+    row = row or HPARAMS.get((method, family)) or HPARAMS[(method, "llama")]
     return {**row, **METHOD_CONSTANTS.get(method, {})}

@@ -37,6 +37,11 @@ RANDOM_CONFIGS = {
                          rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True, hidden_act="silu",
                          rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    # Qwen3.5-9B's widths (its text config) in Llama blocks: full attention in every layer, where Qwen3.5
+    # has linear attention (Gated DeltaNet) in 3 of 4; 8.3 B parameters against its 9 B. Memory and speed only.
+    "qwen3.5-9b": dict(vocab_size=248320, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+                       num_attention_heads=16, num_key_value_heads=4, head_dim=256, max_position_embeddings=32768,
+                       rms_norm_eps=1e-6, rope_theta=10000000.0, tie_word_embeddings=False, hidden_act="silu"),
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
                          rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, hidden_act="silu"),

@@ -4,6 +4,8 @@ stages, relearning.
     python report.py table OUT.md [NAME=]EVAL_DIR ... [--examples M1-direct ...]
     python report.py stages OUT.md [NAME=]SEQUENTIAL_EVAL ... [--joint NAME=EVAL_DIR ...]
     python report.py relearn OUT.md NAME=BEFORE_EVAL,AFTER_EVAL ...
+    python report.py proximity OUT.md METHOD=UNLEARNED_EVAL ARM_EVAL ... [METHOD=...]   # relearning arms
+    python report.py lkf OUT.md NAME=LKF_TRAINED_LKF_EVAL,LKF_TRAINED_SUITE_EVAL,SUITE_TRAINED_SUITE_EVAL ...
     python report.py flags OUT.selected              # the train.py flags of a selected run (run_all.sh)
     python report.py agree ROWS.jsonl [--judge heuristic|rules|http ...]   # a judge against ROWS' verdicts
 
@@ -250,6 +252,176 @@ def relearn_table(args):
     print("\n".join(lines))
 
 
+# Relearning by semantic proximity: the arms in order of distance from the forget topic (the x axis).
+# forget:FACTS arms are read out on the other facts; retain_train is the paper's attack, all bands mixed.
+def arm_distance(spec):
+    """Sort key and axis label of a relearning arm (--relearn-set): forget facts, then semantic tiers by
+    their first tier, then the lexical, syntactic and general-knowledge bands, then the whole retain set."""
+    kind, _, arg = spec.partition(":")
+    if kind == "forget" or spec == "forget_train":
+        return (0, 0 if spec == "forget_train" else 1), "forget (all)" if spec == "forget_train" else f"forget {arg}"
+    if kind == "tiers":
+        return (1, int(arg.split("-")[0])), "s" + arg
+    order = {"lexical": 2, "syntax": 3, "gk": 4, "retain_train": 5}
+    return (order.get(spec, 6), 0), {"retain_train": "all retain (paper)", "gk": "GK"}.get(spec, spec)
+
+
+def proximity_groups(items):
+    """NAME=UNLEARNED_EVAL followed by the evaluations of its relearning arms: [(name, entry, [arms])], and
+    the evaluations that do not exist yet as (label, what, problem) (a block's table keeps what finished)."""
+    groups, missing = [], []
+    for item in items:
+        if "=" not in item and not groups and not missing:
+            raise data.UserError(f"{item}: name the unlearned model's evaluation first (METHOD=EVAL_DIR), then its arms")
+        try:
+            e = entry(item.partition("=")[2] if "=" in item else item)
+        except data.UserError as error:
+            missing.append((item.partition("=")[0] if "=" in item else Path(item).parent.parent.name,
+                            "unlearned" if "=" in item else "arm", str(error)))
+            if "=" in item:
+                groups.append(None)                         # its arms have nothing to be compared with
+            continue
+        if "=" in item:
+            groups.append((item.partition("=")[0], e, []))
+        elif groups[-1] is not None:
+            if not e["run"].get("relearn_set"):
+                raise data.UserError(f"{item}: not the evaluation of a relearning run (train.py --method nll --relearn-set)")
+            groups[-1][2].append(e)
+    groups = [g for g in groups if g is not None]
+    if not groups:
+        raise data.UserError("nothing to tabulate: " + "; ".join(p for _, _, p in missing))
+    return groups, missing
+
+
+def held_out(arm):
+    """The facts an arm is read out on: all but those it trains on (forget:FACTS); all for the others."""
+    kind, _, arg = arm["run"]["relearn_set"].partition(":")
+    return set(data.parse_facts(arg)) if kind == "forget" and arg else set()
+
+
+def forget_readout(e, skip):
+    """Forget rates of one evaluation over the facts not in `skip` (its single topic), and the mean change
+    of the forget answers' NLL against the model it started from (evaluate.py --base-eval; None without)."""
+    rows = [r for r in evaluate.read_jsonl_dict(e["dir"] / "rows.jsonl").values()
+            if r["set"] in ("forget", "adversarial") and r["fact"] not in skip]
+    m = evaluate.topic_metrics(rows)
+    path = e["dir"] / "nll" / "nll_records.csv"
+    delta = None
+    if path.is_file():
+        import csv
+        recs = [r for r in csv.DictReader(open(path)) if r["set"] == "forget" and r.get("fact") not in skip]
+        delta = sum(float(r["nll_after"]) - float(r["nll_before"]) for r in recs) / len(recs) if recs else None
+    return {**{k: m[k] for k in ("Q_D", "Q_D+I", "Q_R", "Q_All")}, "facts": m["facts"], "dNLL": delta}
+
+
+def proximity_table(args):
+    """Relearning by semantic proximity: per method and arm, the forget rates after the arm's attack, their
+    change against the unlearned model on the same facts, and the change of the forget answers' NLL; a
+    PNG beside OUT (change of Q_All and of forget NLL against band distance, one line per method)."""
+    groups, missing = proximity_groups(args.evals)
+    head = ["Method", "arm (--relearn-set)", "facts read", "Q_D", "Q_D+I", "Q_R", "Q_All", "dQ_All", "d forget NLL"]
+    lines = header([e for _, u, arms in groups for e in [u] + arms], "Relearning by semantic proximity")[:4] + [
+        "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    curves = {}
+    for name, unlearned, arms in groups:
+        base = forget_readout(unlearned, set())
+        lines.append("| " + " | ".join([name, "none (the unlearned model)", str(base["facts"])] +
+                                       [fmt_num(base[k]) for k in ("Q_D", "Q_D+I", "Q_R", "Q_All")] + ["", ""]) + " |")
+        for arm in sorted(arms, key=lambda a: arm_distance(a["run"]["relearn_set"])[0]):
+            spec, skip = arm["run"]["relearn_set"], held_out(arm)
+            after, before = forget_readout(arm, skip), forget_readout(unlearned, skip)
+            dq = None if after["Q_All"] is None or before["Q_All"] is None else after["Q_All"] - before["Q_All"]
+            lines.append("| " + " | ".join([name, spec, str(after["facts"])] +
+                                           [fmt_num(after[k]) for k in ("Q_D", "Q_D+I", "Q_R", "Q_All")] +
+                                           [fmt_num(dq), fmt_num(after["dNLL"] and round(after["dNLL"], 3))]) + " |")
+            curves.setdefault(name, []).append((arm_distance(spec), dq, after["dNLL"]))
+    lines += missing_rows(missing, len(head))
+    specs = [a["run"]["relearn_set"] for _, _, arms in groups for a in arms]
+    if any(spec.startswith("tiers:") and int(spec.split("-")[-1].split(":")[-1]) >= 11 for spec in specs):
+        lines += ["", "Tiers 11-15 come from retain_eval: after their arm those rows are no longer unseen."]
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    if curves:
+        plot_proximity(curves, Path(args.out).with_suffix(".png"))
+    print("\n".join(lines))
+
+
+def plot_proximity(curves, path):
+    """Two panels, one line per method: change of Q_All and of the forget answers' NLL per arm, arms
+    ordered by distance from the forget topic."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    arms = sorted({point[0] for points in curves.values() for point in points})
+    x = {arm: i for i, arm in enumerate(arms)}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    for name, points in curves.items():
+        points = sorted(points)
+        for ax, i in zip(axes, (1, 2)):
+            ax.plot([x[p[0]] for p in points if p[i] is not None], [p[i] for p in points if p[i] is not None],
+                    marker="o", label=name)
+    for ax, title in zip(axes, ("change of Q_All (points)", "change of forget answer NLL (nats)")):
+        ax.set_xticks(range(len(arms)), [label for _, label in arms], rotation=45, ha="right", fontsize=7)
+        ax.axhline(0, color="gray", lw=0.5)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("relearning data, nearest to farthest from the forget topic", fontsize=8)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def tier_mean(m, low, high):
+    """Mean retain rate over semantic tiers low..high (each tier's 25 questions weigh the same)."""
+    rates = [v for t, v in m["per_tier"].items() if low <= int(t) <= high and v is not None]
+    return round(sum(rates) / len(rates), 1) if rates else None
+
+
+def lkf_entries(arg):
+    """NAME=LKF_TRAINED_LKF_EVAL,LKF_TRAINED_SUITE_EVAL,SUITE_TRAINED_SUITE_EVAL (any may be '-')."""
+    name, _, dirs = arg.rpartition("=")
+    folders = dirs.split(",")
+    if not name or len(folders) != 3:
+        raise data.UserError(f"{arg}: give NAME=LKF_TRAINED_LKF_EVAL,LKF_TRAINED_SUITE_EVAL,SUITE_TRAINED_SUITE_EVAL "
+                             "('-' for one not run)")
+    return name, [None if f == "-" else entry(f) for f in folders]
+
+
+def lkf_tables(args):
+    """The paper's two LKF* tables and the lexical probe (appendix "Comparing evaluation and unlearning
+    between LKF* and SUITE", "Benign questions"): models trained on LKF* under both evaluations
+    (tab:challenger_combined_expand_llama3b); LKF*-trained against SUITE-trained under SUITE's evaluation
+    (tab:challenger_comparison_llama3b); answers to the 'Challenger' probe by kind."""
+    rows = [lkf_entries(a) for a in args.runs]
+    topic = lambda e: next(iter(e["metrics"]["topics"].values()))
+    cell = lambda e, key: evaluate.cell(topic(e), key) if e else ""
+    tiers = lambda e, lo, hi: fmt_num(tier_mean(topic(e), lo, hi)) if e else ""
+    everything = [e for _, es in rows for e in es if e]
+    lines = header(everything, "LKF* against SUITE")[:4]
+    head1 = ["Method", "LKF* Q_D", "LKF* s1-5 train", "Q_D+I", "Q_R", "Q_All", "GK", "Syn.", "Lex.", "s0", "s1-5 eval", "s6-15"]
+    lines += ["## Trained on LKF*: LKF* evaluation (left) against SUITE's (right)", "",
+              "| " + " | ".join(head1) + " |", "|" + "---|" * len(head1)]
+    for name, (lkf, lkf_suite, _) in rows:
+        lines.append("| " + " | ".join([name, cell(lkf, "Q_D"), cell(lkf, "Retain")] +
+                                       [cell(lkf_suite, k) for k in ("Q_D+I", "Q_R", "Q_All", "GK", "Syn", "Lex", "s0")] +
+                                       [tiers(lkf_suite, 1, 5), tiers(lkf_suite, 6, 15)]) + " |")
+    keys = ["Q_D", "Q_D+I", "Q_R", "Q_All", "Retain"]
+    head2 = ["Method"] + [f"LKF*-trained {k}" for k in keys] + [f"SUITE-trained {k}" for k in keys]
+    lines += ["", "## Trained on LKF* (left) against trained on SUITE (right), SUITE's evaluation", "",
+              "| " + " | ".join(head2) + " |", "|" + "---|" * len(head2)]
+    for name, (_, lkf_suite, suite) in rows:
+        lines.append("| " + " | ".join([name] + [cell(lkf_suite, k) for k in keys] + [cell(suite, k) for k in keys]) + " |")
+    probes = [(name, topic(lkf)["probe"]) for name, (lkf, _, _) in rows if lkf and "probe" in topic(lkf)]
+    if probes:
+        head3 = ["Method"] + [f"{v}: {k}" for v in evaluate.PROBE_VARIANTS for k in ("refusal", "gibberish", "fluent", "right")]
+        lines += ["", "## Lexical probe: the questions with 'Challenger' outside the topic, trained on LKF*", "",
+                  "| " + " | ".join(head3) + " |", "|" + "---|" * len(head3)]
+        for name, probe in probes:
+            lines.append("| " + " | ".join([name] + [f"{probe[v][k]}/{probe[v]['n']}" for v in evaluate.PROBE_VARIANTS
+                                                     for k in ("refusal", "gibberish", "fluent", "knows")]) + " |")
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def train_flags(args):
     """`--lr X --lambda-f Y --lambda-r Z` of the run a `table` command selected (first line of OUT.selected)."""
     path = Path(args.selected)
@@ -414,6 +586,13 @@ def parse_args(argv=None):
     r = sub.add_parser("relearn", help="forget rates before and after relearning")
     r.add_argument("out")
     r.add_argument("pairs", nargs="+", metavar="NAME=BEFORE_EVAL,AFTER_EVAL")
+    x = sub.add_parser("proximity", help="relearning arms by semantic proximity (table and PNG)")
+    x.add_argument("out")
+    x.add_argument("evals", nargs="+", metavar="METHOD=UNLEARNED_EVAL ARM_EVAL ...",
+                   help="each method's unlearned evaluation, then the evaluations of its relearning arms")
+    k = sub.add_parser("lkf", help="the LKF* tables: LKF*-trained under both evaluations, LKF*- against SUITE-trained")
+    k.add_argument("out")
+    k.add_argument("runs", nargs="+", metavar="NAME=LKF_TRAINED_LKF_EVAL,LKF_TRAINED_SUITE_EVAL,SUITE_TRAINED_SUITE_EVAL")
     f = sub.add_parser("flags", help="the train.py flags of the run a table selected")
     f.add_argument("selected", metavar="OUT.selected")
     a = sub.add_parser("agree", help="re-judge the answers of a judged rows.jsonl and compare the verdicts")
@@ -443,8 +622,8 @@ def agree_command(args):
 def main(argv=None):
     with data.one_line_errors("report.py", judge.ServerUnavailable):
         args = parse_args(argv)
-        {"table": sweep_table, "stages": stages_table, "relearn": relearn_table, "flags": train_flags,
-         "agree": agree_command}[args.command](args)
+        {"table": sweep_table, "stages": stages_table, "relearn": relearn_table, "proximity": proximity_table,
+         "lkf": lkf_tables, "flags": train_flags, "agree": agree_command}[args.command](args)
 
 
 if __name__ == "__main__":

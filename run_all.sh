@@ -6,7 +6,7 @@
 #   MPS=1 GPUS="0 1 2 3" JOBS=12 ./run_all.sh small   # the same, its side-by-side runs spread over four GPUs
 #   NGPU=4 JUDGE_URL=http://127.0.0.1:8000/v1 ./run_all.sh sweeps single
 #
-# Blocks: small sweeps single sequential joint relearn ablations. Each block can run alone; the
+# Blocks: small proximity lkf_small sweeps single sequential joint relearn ablations lkf. Each block can run alone; the
 # blocks after `sweeps` use the paper's selected hyperparameters (losses.HPARAMS), not the sweep's.
 # Models are hub ids (a local copy works too). Evaluation uses the LLM judge at $JUDGE_URL (the
 # paper's judge is Qwen3.5-35B-A3B, served with vLLM or SGLang); JUDGE=heuristic for a rough offline run.
@@ -194,6 +194,108 @@ for m in '$SMALL_METHODS'.split():
   stop_mps
 }
 
+# block proximity: the unlearning methods, the injected model they start from, the relearning arms (train.py
+# --relearn-set; nearest to farthest from the forget topic); the methods start from their SMALL_PICKS.
+PROX_METHODS=${PROX_METHODS:-"jensunpp dpo npo"}
+PROX_MODEL=${PROX_MODEL:-$RUNS/small/injected/final}
+PROX_ARMS=${PROX_ARMS:-"forget_train forget:K1-K5 tiers:0 tiers:1-2 tiers:3-4 tiers:5-6 tiers:7-8 tiers:9-10 tiers:11-12 tiers:13-14 lexical syntax gk retain_train"}
+# The picks of block small on the injected SmolLM2 (RESULTS.md, run D, Challenger): blocks proximity and lkf_small
+# start from them (a pick that block small's sweep selected in $RUNS/small/sweep/M.selected wins).
+declare -A SMALL_PICKS=([jensunpp]="--lr 9e-05 --lambda-f 2 --lambda-r 1" [dpo]="--lr 3e-05 --lambda-f 1 --lambda-r 1"
+                        [npo]="--lr 8e-05 --lambda-f 1 --lambda-r 3" [graddiff]="--lr 1.5e-05 --lambda-f 1 --lambda-r 2"
+                        [jensun]="--lr 5e-05 --lambda-f 1 --lambda-r 1" [pdu]="--lr 3e-05 --lambda-f 1 --lambda-r 1"
+                        [rmu]="--lr 0.0003 --lambda-f 0.5 --lambda-r 0.25")
+small_pick() {   # the train.py flags of method $1's pick on the injected SmolLM2
+  if [ -f "$RUNS/small/sweep/$1.selected" ]; then picked_flags "$RUNS/small/sweep/$1.selected"; else echo "${SMALL_PICKS[$1]:-}"; fi
+}
+
+block_proximity() {
+  # Relearning by semantic proximity (ours; RESULTS.md): does forgotten knowledge come back in proportion to
+  # how close the attacker's data is to the forget topic? Each method unlearns Challenger on the injected
+  # SmolLM2 at its pick; from that one checkpoint every arm fine-tunes independently (NLL, 10 epochs of 450
+  # draws from its band: the same 150 steps as the paper's attack, at the paper's relearning rule's LR,
+  # the highest picked), then is read out on the forget questions (on the facts it did not train on), with
+  # the forget answers' NLL against the unlearned model. Heuristic judge, chat format; resumable.
+  local out=$RUNS/proximity m d a arm lrs="" relearn_lr evals=""
+  local eval_args="--judge heuristic --prompt-format $SMALL_PROMPT --batch-size 256 --topics challenger_disaster"
+  [ $DRY = 1 ] || [ -f "$PROX_MODEL/config.json" ] || { echo "block proximity: no model at $PROX_MODEL (run block small's part inject, or set PROX_MODEL)"; return 1; }
+  [ $DRY = 1 ] || { trap small_cleanup EXIT; mkdir -p "$out"; }
+  local -A picks=()
+  for m in $PROX_METHODS; do
+    picks[$m]=$(small_pick "$m")
+    [ -n "${picks[$m]}" ] || { echo "block proximity: no pick for $m (SMALL_PICKS)"; return 1; }
+    lr=${picks[$m]#--lr }; lrs+=" ${lr%% *}"
+  done
+  relearn_lr=$(python -c "import sys; print('%g' % max(map(float, sys.argv[1:])))" $lrs)
+  start_mps
+  for m in $PROX_METHODS; do        # the unlearned models, side by side
+    d=$out/$m
+    echo "[ -f $d/eval/final/metrics.json ] || { python train.py --method $m --model $PROX_MODEL --topics challenger_disaster ${picks[$m]} $SMALL_TRAIN_ARGS --print-every 60 --out $d > $d.log 2>&1 && python evaluate.py $d $eval_args --skip mmlu rep rgq >> $d.log 2>&1; }"
+  done | pool || echo "the arms start from the methods that finished"
+  for m in $PROX_METHODS; do        # every arm from its method's unlearned checkpoint, independently
+    d=$out/$m
+    for arm in $PROX_ARMS; do
+      a=$out/$m-${arm//:/-}
+      echo "[ -f $a/eval/final/metrics.json ] || { python train.py --method nll --relearn-set $arm --model $d/final --topics challenger_disaster --lr $relearn_lr $SMALL_TRAIN_ARGS --print-every 60 --out $a > $a.log 2>&1 && python evaluate.py $a $eval_args --sets forget --skip mmlu rep rgq --base $d/final --base-eval $d/eval/final >> $a.log 2>&1; }"
+    done
+  done | pool || echo "the table holds the arms that finished"
+  for m in $PROX_METHODS; do evals+=" $m=$out/$m/eval/final"; for arm in $PROX_ARMS; do evals+=" $out/$m-${arm//:/-}/eval/final"; done; done
+  run python report.py proximity "$out/proximity.md" $evals
+  stop_mps
+}
+
+LKF_METHODS=${LKF_METHODS:-"graddiff jensun npo pdu rmu jensunpp"}     # blocks lkf and lkf_small
+
+block_lkf() {
+  # The paper's LKF* experiment on Llama, Challenger (tab:challenger_combined_expand_llama3b and
+  # tab:challenger_comparison_llama3b, appendix "Benign questions"): each method trained on LKF* (data/lkf,
+  # `suite.py lkf`; --recipe lkf: 10 epochs, random pairs, the LKF* table's hyperparameters) and on SUITE; the
+  # LKF*-trained models evaluated with both protocols (LKF*'s with the lexical 'Challenger' probe).
+  local out=$RUNS/lkf m args=""
+  run python suite.py validate --data-root data/lkf
+  evaluate "$LLAMA" --topics challenger_disaster --out "$out/base/eval/final"
+  evaluate "$LLAMA" --protocol lkf --out "$out/base/eval_lkf/final"
+  for m in $LKF_METHODS; do
+    train --method "$m" --model "$LLAMA" --recipe lkf --out "$out/$m-lkf"
+    evaluate "$out/$m-lkf" --protocol lkf
+    evaluate "$out/$m-lkf" --topics challenger_disaster
+    train --method "$m" --model "$LLAMA" --topics challenger_disaster --out "$out/$m-suite"
+    evaluate "$out/$m-suite" --topics challenger_disaster
+    args+=" $m=$out/$m-lkf/eval_lkf/final,$out/$m-lkf/eval/final,$out/$m-suite/eval/final"
+  done
+  run python report.py lkf "$out/tables.md" "base=$out/base/eval_lkf/final,$out/base/eval/final,$out/base/eval/final" $args
+}
+
+lkf_small_flags() {   # LKF* flags on the injected SmolLM2: the LKF* table's loss factors, its LR scaled by the pick's factor over SUITE's
+  python -c "import losses, sys
+m, pick = sys.argv[1], float(sys.argv[2])
+suite, lkf = losses.resolve_hparams(m, 'llama'), losses.resolve_hparams(m, 'llama', 'lkf')
+print('--lr %.2g --lambda-f %g --lambda-r %g' % (pick * lkf['lr'] / suite['lr'], lkf['lambda_f'], lkf['lambda_r']))" "$1" "$2"
+}
+
+block_lkf_small() {
+  # The LKF* experiment at small scale: block lkf's runs on the injected SmolLM2 ($PROX_MODEL), heuristic judge,
+  # chat format, side by side ($JOBS, $GPUS). SUITE-trained runs use the method's pick (SMALL_PICKS); LKF*-trained
+  # ones the LKF* table's loss factors and its learning rate times the pick's factor over the SUITE table's LR
+  # (the paper tuned each dataset apart; this carries its LKF*/SUITE ratio over to the small model).
+  local out=$RUNS/lkf_small m pick lr args=""
+  local eval_args="--judge heuristic --prompt-format $SMALL_PROMPT --batch-size 256 --skip mmlu rep rgq"
+  [ $DRY = 1 ] || [ -f "$PROX_MODEL/config.json" ] || { echo "block lkf_small: no model at $PROX_MODEL (run block small's part inject, or set PROX_MODEL)"; return 1; }
+  [ $DRY = 1 ] || { trap small_cleanup EXIT; mkdir -p "$out"; }
+  start_mps
+  {
+    echo "[ -f $out/base/eval_lkf/final/metrics.json ] || { python evaluate.py $PROX_MODEL $eval_args --protocol lkf --out $out/base/eval_lkf/final && python evaluate.py $PROX_MODEL $eval_args --topics challenger_disaster --out $out/base/eval/final; } > $out/base.log 2>&1"
+    for m in $LKF_METHODS; do
+      pick=$(small_pick "$m"); lr=${pick#--lr }; lr=${lr%% *}
+      echo "[ -f $out/$m-lkf/eval/final/metrics.json ] || { python train.py --method $m --model $PROX_MODEL --recipe lkf $(lkf_small_flags "$m" "$lr") $SMALL_TRAIN_ARGS --print-every 60 --out $out/$m-lkf && python evaluate.py $out/$m-lkf $eval_args --protocol lkf && python evaluate.py $out/$m-lkf $eval_args --topics challenger_disaster; } > $out/$m-lkf.log 2>&1"
+      echo "[ -f $out/$m-suite/eval/final/metrics.json ] || { python train.py --method $m --model $PROX_MODEL --topics challenger_disaster $pick $SMALL_TRAIN_ARGS --print-every 60 --out $out/$m-suite && python evaluate.py $out/$m-suite $eval_args --topics challenger_disaster; } > $out/$m-suite.log 2>&1"
+    done
+  } | pool || echo "the tables hold the runs that finished"
+  for m in $LKF_METHODS; do args+=" $m=$out/$m-lkf/eval_lkf/final,$out/$m-lkf/eval/final,$out/$m-suite/eval/final"; done
+  run python report.py lkf "$out/tables.md" "injected=$out/base/eval_lkf/final,$out/base/eval/final,$out/base/eval/final" $args
+  stop_mps
+}
+
 block_sweeps() {
   # Appendix tables tab:llama_hp_lr and tab:llama_hp_alpha: LR sweep, then lambda sweep, on Challenger with Llama.
   local -A LRS=([graddiff]="3e-7 4e-7 5e-7 1e-6" [jensun]="2e-6 4e-6 5e-6 8e-6" [npo]="5e-6 8e-6 1e-5 2e-5"
@@ -271,7 +373,7 @@ block_ablations() {
 }
 
 blocks=("$@")
-[ "${blocks[0]}" = "all" ] && blocks=(small sweeps single sequential joint relearn ablations)
+[ "${blocks[0]}" = "all" ] && blocks=(small proximity lkf_small sweeps single sequential joint relearn ablations lkf)
 for b in "${blocks[@]}"; do
   declare -F "block_$b" >/dev/null || { echo "unknown block: $b"; exit 1; }
   echo "### block $b"

@@ -4,6 +4,7 @@ and compare releases side by side. For people editing the data; training and eva
 
     python suite.py validate [--topic T] [--data-root data/suite] [--strict | --no-strict] [--partial]
     python suite.py build --topic T
+    python suite.py lkf [--out data/lkf]            # the LKF* root (the paper's LKF variant) from SUITE
     python suite.py stats [--topic T] --data-root data/suite [--data-root PATH2]   # side by side
 
 Layout and counts: data/SUITE_FORMAT.md; our source format and the validator's rules: data/README.md.
@@ -16,9 +17,9 @@ import re
 import sys
 from pathlib import Path
 
-from data import (ADV_VARIANTS, BLANK, DEFAULT_ROOT, EVAL_VARIANTS, FINAL_FILES, HERE, TRAIN_VARIANTS, DataError,
-                  category, fact_of, load_pools, load_topic, normalise, read_json_array, read_jsonl, topic_paths,
-                  topics_in)
+from data import (ADV_VARIANTS, BLANK, DEFAULT_ROOT, EVAL_VARIANTS, FINAL_FILES, HERE, LKF_MARKER, LKF_ROOT,
+                  TRAIN_VARIANTS, DataError, category, fact_of, is_lkf_root, load_pools, load_topic, normalise,
+                  read_json_array, read_jsonl, topic_paths, topics_in)
 
 SOURCE_ROOT = HERE / "data" / "source"
 
@@ -251,19 +252,85 @@ def build_topic(topic, root=DEFAULT_ROOT, source_root=SOURCE_ROOT, seed=0):
     adv_rows = adversarial_rows(src, rng)
     retain_eval = retain_eval_rows(src)
     forget_train, retain_train = paired_train_rows(src, rng, Path(source_root) / topic)
-
-    final = Path(root) / topic / "final"
-    final.mkdir(parents=True, exist_ok=True)
     outputs = {"forget_train": forget_train, "retain_train": retain_train, "forget_eval": forget_eval,
                "forget_eval_rephrasings": rephrasings, "retain_eval": retain_eval}
+    return write_topic(root, topic, outputs, adv_rows)
+
+
+def write_topic(root, topic, outputs, adversarial):
+    """A topic's release files: final/<name>.json as JSON Lines and the adversarial JSON array (fields the
+    loader adds, `_line`, left out). Returns the row counts."""
+    final = Path(root) / topic / "final"
+    final.mkdir(parents=True, exist_ok=True)
     for name, rows in outputs.items():
         with open(final / f"{name}.json", "w", encoding="utf-8") as f:
             for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    adv_path = Path(root) / "adversarial_questions" / f"{topic}_adv.json"
+                f.write(json.dumps({k: v for k, v in row.items() if k != "_line"}, ensure_ascii=False) + "\n")
+    adv_path = topic_paths(root, topic)["adversarial"]
     adv_path.parent.mkdir(parents=True, exist_ok=True)
-    adv_path.write_text(json.dumps(adv_rows, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    return {name: len(rows) for name, rows in outputs.items()} | {"adversarial": len(adv_rows)}
+    adv_path.write_text(json.dumps(adversarial, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    return {name: len(rows) for name, rows in outputs.items()} | {"adversarial": len(adversarial)}
+
+
+# ----------------------------------------------------------------------------------------------
+# LKF*: the paper's variant of LKF built from SUITE (appendix "Comparing evaluation and unlearning
+# between LKF* and SUITE"), for Challenger: direct forget questions, retain from semantic tiers 1-5.
+
+LKF_TOPIC = "challenger_disaster"
+LKF_TIERS = range(1, 6)
+LKF_COUNTS = {"forget_train": 400, "retain_train": 375, "forget_eval": 25, "forget_eval_rephrasings": 25,
+              "retain_eval": 625, "adversarial": 25}
+LKF_EVAL_FORMATS = ["q_lkf1", "q_lkf2", "q_lkf3", "blank_lkf1", "blank_lkf2"]
+
+
+def build_lkf(out_root, source_root=SOURCE_ROOT, suite_root=DEFAULT_ROOT):
+    """The LKF* root in the authors' layout, deterministically: forget_train, the 25 direct questions in
+    their 16 training wordings (400 rows); retain_train, the 125 semantic retain-train questions of tiers
+    1-5 as written, paraphrased and as a blank (375 rows; LKF* trains them with random pairs, so the two
+    files differ in length); forget_eval and forget_eval_rephrasings, the direct questions with their
+    evaluation wordings (Q_D, as SUITE asks it); retain_eval, the same 125 questions in the three
+    paraphrases and two blanks of source/<topic>/lkf_retain.*.jsonl (625 rows: LKF* tests retain on
+    the training questions, reworded). Pools and the direct adversarial rows are SUITE's. Marked by
+    lkf.json, which tells the loader and the validator that the root is LKF*."""
+    topic, out_root = LKF_TOPIC, Path(out_root)
+    src = read_topic_sources(topic, source_root)
+    tiers = src["info"]["tiers"]
+    direct = [f"{fact}-direct" for fact in FACTS]
+    forget = src["forget"]
+    forget_train = [release_row(variant_text(forget[l], v), forget[l]["answer"], f"{l}@{v}", forget[l])
+                    for l in direct for v in TRAIN_VARIANTS]
+    suite = load_topic(topic, suite_root)
+    rephrasings = [r for r in suite["forget_eval_rephrasings"] if r["label"] in direct]
+    forget_eval = [r for r in suite["forget_eval"] if r["label"] in direct]
+    semantic = [r for r in sorted(src["semantic"], key=lambda r: r["tier"]) if r["split"] == "train" and r["tier"] in LKF_TIERS]
+    wordings = {r["question"]: r for r in read_source(topic, "lkf_retain", source_root)}
+    missing = [r["question"] for r in semantic if r["question"] not in wordings]
+    if missing or len(wordings) != len(semantic):
+        raise DataError(Path(source_root) / topic / "lkf_retain.jsonl", None, "question",
+                        f"{len(wordings)} rows for the {len(semantic)} retain-train questions of tiers 1-5; "
+                        f"without evaluation wordings: {missing[:3]}")
+    retain_train, retain_eval = [], []
+    for r in semantic:
+        label = retain_label("Semantic", r, tiers)
+        retain_train += [release_row(retain_text(r, fmt), r["answer"], f"{label}@{fmt}", r) for fmt in ("original", "q", "blank")]
+        w = wordings[r["question"]]
+        texts = w["eval_paraphrases"] + w["eval_blanks"]
+        if len(w["eval_paraphrases"]) != 3 or len(w["eval_blanks"]) != 2:
+            raise DataError(w["_path"], w, "eval_paraphrases", "needs 3 eval_paraphrases and 2 eval_blanks")
+        retain_eval += [release_row(text, r["answer"], f"{label}@{fmt}", r) for fmt, text in zip(LKF_EVAL_FORMATS, texts)]
+    suite_root = Path(suite_root)
+    for pool in ("few_shot_context/short_context.json", "refusal_detection/refusal_detection_questions.json"):
+        (out_root / pool).parent.mkdir(parents=True, exist_ok=True)
+        (out_root / pool).write_text((suite_root / pool).read_text(encoding="utf-8"), encoding="utf-8")
+    adversarial = [r for r in read_json_array(topic_paths(suite_root, topic)["adversarial"]) if r["label"] in direct]
+    counts = write_topic(out_root, topic, {"forget_train": forget_train, "retain_train": retain_train,
+                                           "forget_eval": forget_eval, "forget_eval_rephrasings": rephrasings,
+                                           "retain_eval": retain_eval}, adversarial)
+    (out_root / LKF_MARKER).write_text(json.dumps({
+        "protocol": "lkf", "topic": topic, "built_by": "python suite.py lkf",
+        "from": "data/source (direct forget questions, semantic retain-train tiers 1-5, lkf_retain.*.jsonl) and "
+                "data/suite (forget eval wordings, pools, adversarial rows)"}, indent=1) + "\n")
+    return counts
 
 
 # ----------------------------------------------------------------------------------------------
@@ -342,7 +409,8 @@ def is_placeholder(text):
 
 
 def is_our_release(root):
-    return Path(root).resolve() == DEFAULT_ROOT.resolve()
+    """data/suite, or the LKF* root built from it (data/lkf): our rules apply by default."""
+    return Path(root).resolve() in (DEFAULT_ROOT.resolve(), LKF_ROOT.resolve())
 
 
 class Findings:
@@ -411,6 +479,45 @@ def check_fields_and_labels(found, files):
     return usable
 
 
+def check_lkf_counts(found, n_rows, usable):
+    """An LKF* root (build_lkf): its counts, semantic tiers 1-5 alone (3 train and 5 eval rows a question)."""
+    for name, n in LKF_COUNTS.items():
+        if n_rows[name] != n:
+            found.error(name, None, None, f"has {n_rows[name]} rows; LKF* has {n}")
+    for name, per_tier in (("retain_train", 75), ("retain_eval", 125)):
+        by_cat = collections.Counter(category(r["label"]) for r in usable[name])
+        for cat, n in by_cat.items():
+            if cat[0] != "Semantic" or cat[1] not in LKF_TIERS or n != per_tier:
+                found.error(name, None, "label", f"{n} rows of {cat[0]} {cat[1] or ''}; LKF* has {per_tier} rows "
+                            f"of each semantic tier 1-5 and nothing else")
+
+
+def check_lkf_retain(found, usable):
+    """LKF*'s retain questions: line 3i-3i+2 of retain_train (as written, paraphrased, blank) and lines
+    5i-5i+4 of retain_eval (three paraphrases, two blanks) are one question: one answer, eight wordings
+    no two of which are near-duplicates; no eval slot has a house style."""
+    rt, re_ = usable["retain_train"], usable["retain_eval"]
+    slots = collections.defaultdict(list)
+    for i in range(min(len(rt) // 3, len(re_) // 5)):
+        train, evals = rt[3 * i:3 * i + 3], re_[5 * i:5 * i + 5]
+        for r in train + evals:
+            if r["answer"] != train[0]["answer"]:
+                found.error("retain_eval" if r in evals else "retain_train", r, "answer",
+                            f"differs from its question's answer '{train[0]['answer']}' (retain_train line {train[0]['_line']})")
+        wordings = [("retain_train", r) for r in train] + [("retain_eval", r) for r in evals]
+        for j, (na, ra) in enumerate(wordings):
+            for nb, rb in wordings[j + 1:]:
+                if near_duplicate(ra["question"], rb["question"]):
+                    found.flag(nb, rb, "question", f"near-duplicate of {na} line {ra['_line']} (the same question's wordings)")
+        for r in evals:
+            slots[r["label"].rpartition("@")[2]].append((opener(r["question"]), r))
+    for v, items in slots.items():
+        words, n = collections.Counter(o for o, _ in items).most_common(1)[0]
+        if len(items) >= OPENER_MIN_ROWS and n > OPENER_MAX_SHARE * len(items):
+            found.flag("retain_eval", None, "question", f"{n} of the {len(items)} '{v}' wordings open with '{words}'; "
+                       f"at most {OPENER_MAX_SHARE:.0%} of a slot may share its first three words")
+
+
 def check_counts(found, n_rows, usable, partial):
     """forget_train and retain_train pair line by line; without `partial`, every file, fact, retain
     category and semantic tier has the release's count (SUITE_FORMAT.md)."""
@@ -440,15 +547,15 @@ def check_counts(found, n_rows, usable, partial):
                 found.error(name, None, "label", f"{by_cat[('Semantic', tier)]} rows of semantic tier {tier}; expected 25")
 
 
-def check_forget_eval(found, fe, fr):
-    """Every fact has its direct, reverse and indirect question, once; forget_eval_rephrasings holds the
-    same questions in the same order, each with all its eval variants."""
+def check_forget_eval(found, fe, fr, qtypes=("direct", "reverse", "indirect")):
+    """Every fact has its direct, reverse and indirect question (LKF*: direct alone), once;
+    forget_eval_rephrasings holds the same questions in the same order, each with all its eval variants."""
     eval_labels = collections.Counter(r["label"] for r in fe)
     for label, n in eval_labels.items():
         if n > 1:
             found.error("forget_eval", None, "label", f"'{label}' appears {n} times")
     for fact in sorted({fact_of(l)[0] for l in eval_labels}):
-        for qtype in ("direct", "reverse", "indirect"):
+        for qtype in qtypes:
             if f"{fact}-{qtype}" not in eval_labels:
                 found.error("forget_eval", None, "label", f"fact {fact} has no {qtype} question")
     if [r["label"] for r in fr] != [r["label"] for r in fe]:
@@ -639,10 +746,15 @@ def validate_topic(topic, root=DEFAULT_ROOT, partial=False, strict=None, source_
     if len(files) < len(FINAL_FILES) + 1:
         return found.list                         # the rules below compare the files with one another
     usable = check_fields_and_labels(found, files)
-    check_counts(found, n_rows, usable, partial)
+    lkf = is_lkf_root(root)
+    if lkf:
+        check_lkf_counts(found, n_rows, usable)
+        check_lkf_retain(found, usable)
+    else:
+        check_counts(found, n_rows, usable, partial)
     ft, fe, fr = usable["forget_train"], usable["forget_eval"], usable["forget_eval_rephrasings"]
     train_wordings = train_wordings_of(ft)
-    check_forget_eval(found, fe, fr)
+    check_forget_eval(found, fe, fr, ("direct",) if lkf else ("direct", "reverse", "indirect"))
     check_forget_train(found, ft, fe, train_wordings)
     check_near_duplicates(found, fr, train_wordings)
     for name, row, field, text in distinct_wordings(usable):
@@ -787,6 +899,8 @@ def main(argv=None):
     v.add_argument("--partial", action="store_true", help="a small fixture: check structure, not the release counts")
     v.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
                    help="our own rules: our label grammar, quality rules as errors (default: on for data/suite only)")
+    k = sub.add_parser("lkf", help="build the LKF* root (the paper's LKF variant, Challenger) from data/source and data/suite")
+    k.add_argument("--out", default=str(LKF_ROOT))
     b = sub.add_parser("build", help="assemble data/suite/<topic> from data/source/<topic>")
     b.add_argument("--topic", required=True)
     b.add_argument("--data-root", default=str(DEFAULT_ROOT))
@@ -800,6 +914,9 @@ def main(argv=None):
             print("\n".join(str(e) for e in errors))
             sys.exit(f"{len(errors)} violation(s) in the sources of {args.topic}")
         print(json.dumps(build_topic(args.topic, args.data_root)))
+        return
+    if args.command == "lkf":
+        print(json.dumps(build_lkf(args.out)))
         return
     if args.command == "stats":
         print(stats(args.data_root or [DEFAULT_ROOT], args.topic))

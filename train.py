@@ -110,7 +110,7 @@ def run_refusal(args, family, device, resume):
 
 def hparams_for(args, family):
     """losses.resolve_hparams for the method and model family, overridden by --lr, --lambda-f, --lambda-r."""
-    hp = losses.resolve_hparams(args.method, family)
+    hp = losses.resolve_hparams(args.method, family, args.recipe)
     for key in ("lr", "lambda_f", "lambda_r"):
         if getattr(args, key) is not None:
             hp[key] = getattr(args, key)
@@ -156,7 +156,7 @@ def shard_model(model, device, bf16):
 
 
 def fsdp_accumulate(model, last):
-    """Gradient accumulation under FSDP: before the step's last micro-batch the gathered parameters stay
+    """Gradient accumulation under FSDP: before the step's last forward pass the gathered parameters stay
     gathered after backward and the gradients stay on the rank (accumulated unsharded, in fp32), so a
     step costs one gradient reduce-scatter and no re-gather between micro-batches, not one of each per
     micro-batch (2 GPUs at global batch 32 ran no faster than one: bench.py, BENCHMARKS.md). Memory:
@@ -192,18 +192,40 @@ def export(model, tokenizer, config, folder, rank):
 # ----------------------------------------------------------------------------------------------
 # Loss balancing
 
-def balance_alpha(L_f, L_r, logits):
-    """Dynamic loss balancing (eq. 4): alpha = ||grad_z L_r|| / (||grad_z L_f|| + eps), gradients
-    w.r.t. the logits z (no extra backward through the model), detached and global over ranks;
-    1 unless both losses exceed eps. A 0-dim tensor: reading it on the host would stall the GPU."""
-    g_f, = torch.autograd.grad(L_f, logits, retain_graph=True, materialize_grads=True)
-    g_r, = torch.autograd.grad(L_r, logits, retain_graph=True, materialize_grads=True)
-    sq = torch.stack([g_r.pow(2).sum(), g_f.pow(2).sum()])
+def balance_alpha(L_f, L_r, logits, row_group):
+    """Dynamic loss balancing (eq. 4), one alpha per loss micro-batch g:
+    alpha_g = ||grad_z L_r,g|| / (||grad_z L_f,g|| + eps), gradients w.r.t. the logits z (no extra backward
+    through the model), detached and global over ranks; 1 unless both losses exceed eps. L_f, L_r: (G,);
+    row_group (N,): the micro-batch of each row of `logits`. A micro-batch's losses read only its own rows,
+    so one gradient of the summed losses holds every micro-batch's gradient in its rows. A (G,) tensor:
+    reading it on the host would stall the GPU."""
+    g_f, = torch.autograd.grad(L_f.sum(), logits, retain_graph=True, materialize_grads=True)
+    g_r, = torch.autograd.grad(L_r.sum(), logits, retain_graph=True, materialize_grads=True)
+    per_row = torch.stack([g_r.pow(2).sum((1, 2)), g_f.pow(2).sum((1, 2))])              # (2, N)
+    sq = torch.zeros(2, len(L_f), device=per_row.device).index_add_(1, row_group, per_row)
     if dist.is_initialized():
         dist.all_reduce(sq)
     alpha = sq[0].sqrt() / (sq[1].sqrt() + BALANCE_EPS)
     both_active = (L_f.detach() > BALANCE_EPS) & (L_r.detach() > BALANCE_EPS)
     return torch.where(both_active, alpha, torch.ones_like(alpha))
+
+
+def row_groups(sizes, views, rows_per_view, device):
+    """The loss micro-batch of every row of a pass's logits (views one after another, each holding the
+    micro-batches of `sizes` in order, then filler rows up to a compiled shape, whose gradient is 0)."""
+    one_view = torch.cat([torch.full((n,), g) for g, n in enumerate(sizes)]
+                         + [torch.zeros(rows_per_view - sum(sizes), dtype=torch.long)])
+    return one_view.repeat(views).to(device)
+
+
+def split_rows(out, sizes):
+    """The loss micro-batches of one forward pass: `out` ({view: {name: rows-first tensor}}) cut into
+    consecutive row blocks of `sizes`."""
+    parts, start = [], 0
+    for n in sizes:
+        parts.append({view: {k: v[start:start + n] for k, v in tensors.items()} for view, tensors in out.items()})
+        start += n
+    return parts
 
 
 def decoder_layers(model):
@@ -310,7 +332,7 @@ def stages_for(args):
 class Trainer:
     """Runs one stage (a topic, or several jointly) from a model folder to an exported folder, in named
     parts: build_models, build_data and build_optimizer, prepare_loop (resume), train_loop (one
-    optimizer_step of micro_steps per step, checkpoints), export_stage."""
+    optimizer_step of forward_passes per step, checkpoints), export_stage."""
 
     def __init__(self, args, rank, world, device):
         self.args, self.rank, self.world, self.device = args, rank, world, device
@@ -320,6 +342,7 @@ class Trainer:
         self.skipped_in_a_row = 0                        # ... since the last update applied
         self.bf16 = choose_precision(args.precision, device)[0] == "bf16"   # bf16 compute, fp32 masters (build_models)
         self.shape = None                        # under --compile: (rows per view, T, K), see prepare_loop
+        self.physical = args.physical_batch      # rows per forward pass (halved on running out of memory)
 
     def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta):
         """Train one stage; returns the exported folder (under --no-save, the starting model)."""
@@ -336,7 +359,8 @@ class Trainer:
         self.params, self.optimizer = self.build_optimizer(self.model, self.hp["lr"])
         step, lambda_r = self.prepare_loop(resume_meta)
         print0(f"[{stage_name}] {len(self.trainset)} pairs, {self.steps_per_epoch} steps per epoch of "
-               f"{args.global_batch} (micro-batches of {args.batch_size} x {self.world} process(es)), {self.total} steps")
+               f"{args.global_batch} (loss micro-batches of {args.batch_size} x {self.world} process(es), "
+               f"{self.physical} rows per forward pass), {self.total} steps")
         self.train_loop(step, lambda_r)
         return self.export_stage(tokenizer, config)
 
@@ -415,13 +439,13 @@ class Trainer:
         if args.compile == "graphs":
             # Every batch padded to the stage's longest sequence and answer span, so each compiled model
             # sees one shape per batch size and compiles once.
-            self.shape = (args.batch_size, *self.trainset.longest(spec["views"], self.needs_retain, args.epochs))
+            self.shape = (self.physical, *self.trainset.longest(spec["views"], self.needs_retain, args.epochs))
             print0(f"--compile graphs: every view padded to (rows, T, K) = {self.shape}")
         elif args.compile == "blocks":
             # Every view filled to the micro-batch's rows, lengths left to each batch: the epoch's short step
             # then runs at the batch size the blocks compiled for (at its own, 1 or 2 rows, its first run took
             # 13 s on one H100 and 42 s per rank under FSDP on two: BENCHMARKS.md at 7d13905).
-            self.shape = (args.batch_size, None, None)
+            self.shape = (self.physical, None, None)
         layer_key = spec.get("hidden")
         self.hooks = ((decoder_layers(self.compute)[self.hp[layer_key]], decoder_layers(self.ref)[self.hp[layer_key]])
                       if layer_key else (None, None))
@@ -451,7 +475,7 @@ class Trainer:
             truncate_log(Path(args.out) / "log.jsonl", self.stage_name, step)
         log = open(Path(args.out) / "log.jsonl", "a") if self.rank == 0 else None
         t0, tokens_seen, last_print, last_save, start_step = time.time(), 0, 0.0, time.time(), step
-        profiler = None
+        profiler, redo_from = None, None
         if args.profile_steps:
             profiler = StepProfiler(self, step)
         while step < self.total:
@@ -461,14 +485,27 @@ class Trainer:
                 group["lr"] = lr
             if profiler:
                 profiler.begin(step)
-            t_step, ref_before = time.time(), self.ref_tokens
-            host, grad_norm, lambda_r, step_tokens, save = self.optimizer_step(step, epoch, in_epoch, lambda_r, last_save)
+            t_step, ref_before = redo_from or time.time(), self.ref_tokens     # a redone step keeps its start
+            try:
+                host, grad_norm, lambda_r, step_tokens, save = self.optimizer_step(step, epoch, in_epoch, lambda_r, last_save)
+            except torch.OutOfMemoryError:
+                if not self.can_shrink():
+                    raise
+                out_of_memory = True
+            else:
+                out_of_memory = False
+            if out_of_memory:                               # outside the handler: its frames hold the pass's tensors
+                self.shrink_physical()
+                redo_from = t_step
+                continue
+            redo_from = None
             step += 1
             tokens_seen += step_tokens
             elapsed = time.time() - t0
             record = {"stage": self.stage_name, "step": step, "epoch": epoch, "lr": lr, "grad_norm": grad_norm,
                       "step_time": time.time() - t_step, "time": time.time(), "tokens_per_s": tokens_seen / elapsed,
                       "tokens": step_tokens, "ref_tokens": self.ref_tokens - ref_before, "skipped_updates": self.skipped,
+                      "physical_batch": self.physical,
                       "peak_mem_gb": peak_memory_gb(self.device), **host}
             if profiler and step - 1 in profiler.window:
                 record["profiled"] = True                # bench.py leaves these steps out of its means
@@ -492,29 +529,53 @@ class Trainer:
         if log:
             log.close()
 
+    def can_shrink(self):
+        """Halving the pass helps only under --physical-batch auto, on one process (under FSDP one rank
+        alone would change its passes and its collectives), above one loss micro-batch."""
+        return self.args.physical_auto and self.world == 1 and self.physical > self.args.batch_size
+
+    def shrink_physical(self):
+        """After running out of memory: half the rows per forward pass (whole loss micro-batches) and the
+        step redone from clean gradients (the failed step changed nothing else: lambda_r is the loop's)."""
+        batch_size = self.args.batch_size
+        self.physical = max(batch_size, self.physical // 2 // batch_size * batch_size)
+        if self.shape:
+            self.shape = (self.physical, *self.shape[1:])
+        if self.shadow:
+            self.compute.zero_grad(set_to_none=True)
+        for m in self.kept_grads:
+            m.grad.zero_()
+        if not self.kept_grads:
+            self.model.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        print0(f"[{self.stage_name}] out of memory: {self.physical} rows per forward pass from now on")
+
     def optimizer_step(self, step, epoch, in_epoch, lambda_r, last_save):
-        """One optimizer step: this rank's micro-batches (backward weighted by their share, gradients
-        accumulated in the masters), clipping, one host sync, the update unless the gradient norm is
-        not finite. Returns the step's statistics averaged over ranks, the gradient norm, lambda_r, the
-        number of tokens, and whether a checkpoint is due (--save-minutes since `last_save`)."""
+        """One optimizer step: this rank's loss micro-batches, --physical-batch rows per forward pass
+        (backward weighted by their shares, gradients accumulated in the masters), clipping, one host sync,
+        the update unless the gradient norm is not finite. Returns the step's statistics averaged over
+        ranks, the gradient norm, lambda_r, the number of tokens, and whether a checkpoint is due
+        (--save-minutes since `last_save`)."""
         args, device, compute = self.args, self.device, self.compute
         step_tokens, stats_acc = 0, collections.defaultdict(float)
         micro_batches = step_micro_batches(self.trainset.epoch_order(epoch), in_epoch, args.global_batch,
                                            args.batch_size, self.rank, self.world)
-        for i, (indices, weight) in enumerate(micro_batches):
+        per_pass = self.physical // args.batch_size
+        passes = [micro_batches[j:j + per_pass] for j in range(0, len(micro_batches), per_pass)]
+        for i, groups in enumerate(passes):
             if self.world > 1:
-                fsdp_accumulate(self.model, last=i == len(micro_batches) - 1)
-            loss, stats, ntok = self.micro_step(indices, epoch, lambda_r)
-            (loss * weight).backward()
+                fsdp_accumulate(self.model, last=i == len(passes) - 1)
+            loss, group_stats, ntok, lambda_r = self.forward_pass(groups, epoch, lambda_r)
+            loss.backward()
             if self.shadow:
                 used = [(m, c) for m, c in self.shadow if c.grad is not None]
                 torch._foreach_add_([m.grad for m, _ in used], [c.grad for _, c in used])
                 compute.zero_grad(set_to_none=True)
-            if self.spec.get("dual"):
-                lambda_r = self.spec["dual"](lambda_r, global_mean(stats, device), self.hp, epoch)
             step_tokens += ntok
-            for k, v in stats.items():
-                stats_acc[k] = stats_acc[k] + v * weight
+            for stats, (_, weight) in zip(group_stats, groups):
+                for k, v in stats.items():
+                    stats_acc[k] = stats_acc[k] + v * weight
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, args.clip)
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         # The step's single host sync: diagnostics stay on the GPU until here. The checkpoint clock
@@ -537,26 +598,40 @@ class Trainer:
         copy_masters(self.shadow)
         return host, grad_norm, lambda_r, step_tokens, save
 
-    def micro_step(self, indices, epoch, lambda_r):
-        """Loss of one micro-batch: every view through the model in one forward pass, the frozen model's
-        outputs where the loss reads them, lambda_f * alpha * L_f + lambda_r * L_r."""
+    def forward_pass(self, groups, epoch, lambda_r):
+        """One forward pass over the loss micro-batches `groups` ([(pair indices, weight)]): every view of
+        every micro-batch through the model at once, the frozen model's outputs where the loss reads them;
+        then each micro-batch's own loss, as if it had its own pass: its means, its alpha (eq. 4), its
+        lambda_r (a dual variable moves after every micro-batch), lambda_f * alpha * L_f + lambda_r * L_r.
+        Returns the weighted sum of their losses (one backward), their statistics, the number of tokens and
+        the updated lambda_r."""
         spec, hp = self.spec, self.hp
         if self.args.compile == "graphs":
-            torch.compiler.cudagraph_mark_step_begin()      # the previous micro-batch's graph outputs are done
-        seqs = self.trainset.views(indices, spec["views"], self.needs_retain, epoch)
+            torch.compiler.cudagraph_mark_step_begin()      # the previous pass's graph outputs are done
+        sizes = [len(indices) for indices, _ in groups]
+        seqs = self.trainset.views([i for indices, _ in groups for i in indices], spec["views"], self.needs_retain, epoch)
         out, logits, ntok = forward_views(self.compute, seqs, self.pad_id, spec["weights"], self.device,
                                           self.hooks[0], shape=self.shape)
         for view, kind in spec["ref"].items():
             out["ref_" + view] = self.reference(view, kind, seqs, logits.shape[1] - 1)
-        loss_f, loss_r, stats = spec["fn"](out, {**hp, "lambda_r": lambda_r})
-        L_f = loss_f.mean()
-        L_r = loss_r.mean() if loss_r is not None else torch.zeros((), device=L_f.device)
-        alpha = torch.ones((), device=L_f.device)
+        L_f, L_r, stats, lambdas = [], [], [], []
+        for part in split_rows(out, sizes):
+            loss_f, loss_r, part_stats = spec["fn"](part, {**hp, "lambda_r": lambda_r})
+            L_f.append(loss_f.mean())
+            L_r.append(loss_r.mean() if loss_r is not None else torch.zeros((), device=loss_f.device))
+            stats.append(part_stats)
+            lambdas.append(lambda_r)
+            if spec.get("dual"):
+                lambda_r = spec["dual"](lambda_r, global_mean(part_stats, self.device), hp, epoch)
+        L_f, L_r, lambdas = torch.stack(L_f), torch.stack(L_r), torch.stack(lambdas)
+        alpha = torch.ones_like(L_f)
         if spec.get("balance") and self.args.balance:
-            alpha = balance_alpha(L_f, L_r, logits)
-        loss = hp["lambda_f"] * alpha * L_f + lambda_r * L_r
-        stats = {"loss": loss.detach(), "loss_forget": L_f.detach(), "loss_retain": L_r.detach(), "alpha": alpha, **stats}
-        return loss, stats, ntok
+            alpha = balance_alpha(L_f, L_r, logits, row_groups(sizes, len(seqs), logits.shape[0] // len(seqs), self.device))
+        losses_g = hp["lambda_f"] * alpha * L_f + lambdas * L_r
+        weights = torch.tensor([weight for _, weight in groups], device=L_f.device)
+        stats = [{"loss": losses_g[g].detach(), "loss_forget": L_f[g].detach(), "loss_retain": L_r[g].detach(),
+                  "alpha": alpha[g], **stats[g]} for g in range(len(groups))]
+        return (losses_g * weights).sum(), stats, ntok, lambda_r
 
     @torch.no_grad()
     def reference(self, view, kind, seqs, K):
@@ -634,11 +709,19 @@ def parse_args(argv=None):
     p.add_argument("--mode", choices=["single", "sequential", "joint"], default="single")
     p.add_argument("--data-root", default=str(data.DEFAULT_ROOT))
     p.add_argument("--out", default=None, help="run directory (default runs/<method>_<mode>)")
-    p.add_argument("--epochs", type=int, default=None, help="20 for unlearning, 10 for relearning (paper)")
+    p.add_argument("--recipe", choices=["suite", "lkf"], default="suite",
+                   help="lkf: the paper's LKF* runs (appendix): the LKF* root (suite.py lkf), 10 epochs, random "
+                        "forget/retain pairs, the hyperparameters of its LKF* table (losses.LKF_HPARAMS)")
+    p.add_argument("--epochs", type=int, default=None, help="20 for unlearning, 10 for relearning and LKF* (paper)")
     p.add_argument("--global-batch", type=int, default=32,
                    help="forget/retain pairs per optimizer step over all processes (the authors' runs: 32, relearning too)")
     p.add_argument("--batch-size", type=int, default=None,
-                   help="micro-batch per process (default 4, relearning 8); gradients accumulate to --global-batch")
+                   help="loss micro-batch per process (default 4, relearning 8): the group over which the loss means "
+                        "and JensUn++'s alpha are taken; gradients accumulate to --global-batch")
+    p.add_argument("--physical-batch", default="auto",
+                   help="rows per forward pass per process, a multiple of --batch-size: several loss micro-batches share "
+                        "one forward and backward, each keeping its own means and alpha (the same computation, faster). "
+                        "auto: the process's whole share of --global-batch, halved on one device while it runs out of memory")
     p.add_argument("--lr", type=float, default=None,
                    help="default: losses.HPARAMS for the model family (read from the model's config.json)")
     p.add_argument("--lambda-f", type=float, default=None)
@@ -659,9 +742,10 @@ def parse_args(argv=None):
     p.add_argument("--no-pairing", dest="pairing", action="store_false", help="random forget/retain pairs")
     p.add_argument("--exclude-retain", nargs="*", default=[], choices=["GK", "Syntax", "Lexical"],
                    help="train without these retain categories")
-    p.add_argument("--relearn-set", default="retain_train", choices=["retain_train", "forget_train", "inject"],
-                   help="what --method nll trains on (inject: every question in every wording, to give a "
-                        "small model the knowledge to unlearn)")
+    p.add_argument("--relearn-set", default="retain_train",
+                   help="what --method nll trains on: " + data.RELEARN_SETS + "; narrower bands are drawn to "
+                        "forget_train's size per epoch (equal compute). inject: every question in every wording, "
+                        "to give a small model the knowledge to unlearn")
     p.add_argument("--max-steps", type=int, default=None, help="stop each stage after this many steps (smoke runs)")
     p.add_argument("--save-minutes", type=float, default=10.0,
                    help="checkpoint when this many minutes have passed since the last one (0: never). A checkpoint "
@@ -691,13 +775,22 @@ def resolve_args(args):
     """Flag values checked, the method's defaults filled in (epochs, micro-batch, run folder)."""
     data.check_flags(args, FLAG_RULES)
     spec = losses.METHODS[args.method]
-    args.epochs = args.epochs or (10 if spec.get("relearn") else 20)
+    if args.recipe == "lkf":
+        if args.data_root == str(data.DEFAULT_ROOT):
+            args.data_root = str(data.LKF_ROOT)
+        args.pairing = False
+    if data.is_lkf_root(args.data_root) and args.pairing and not spec.get("relearn"):
+        raise data.UserError(f"--data-root {args.data_root} is an LKF* root: its forget and retain rows are not "
+                             "paired; train on it with --recipe lkf (or --no-pairing)")
+    args.epochs = args.epochs or (losses.LKF_EPOCHS if args.recipe == "lkf" else 10 if spec.get("relearn") else 20)
     args.batch_size = args.batch_size or (8 if spec.get("relearn") else 4)
     args.out = args.out or f"runs/{args.method}_{args.mode}"
     world = int(os.environ.get("WORLD_SIZE", 1))
     if args.global_batch % (args.batch_size * world):
         raise data.UserError(f"--global-batch {args.global_batch} is not a multiple of --batch-size {args.batch_size} x "
                              f"{world} process(es): the gradient accumulation would not be a whole number of micro-batches")
+    args.physical_auto = args.physical_batch == "auto"
+    args.physical_batch = physical_batch(args.physical_batch, args.batch_size, args.global_batch // world)
     if args.compile == "graphs" and spec.get("hidden"):
         print0(f"--compile graphs: {args.method} reads a hidden layer through a forward hook, which a compiled "
                "whole model cannot keep; compiling its blocks instead (--compile blocks)")
@@ -705,6 +798,21 @@ def resolve_args(args):
     if args.compile == "graphs" and world > 1:
         raise data.UserError("--compile graphs runs on one GPU; under torchrun (FSDP) use --compile blocks")
     return args
+
+
+def physical_batch(flag, batch_size, share):
+    """Rows per forward pass: auto takes the process's whole share of the global batch; a number must
+    hold whole loss micro-batches and is capped at the share."""
+    if flag == "auto":
+        return share
+    try:
+        rows = int(flag)
+    except ValueError:
+        raise data.UserError(f"--physical-batch {flag!r}: auto or a number of rows") from None
+    if rows < batch_size or rows % batch_size:
+        raise data.UserError(f"--physical-batch {rows} is not a multiple of --batch-size {batch_size}: "
+                             "a forward pass holds whole loss micro-batches")
+    return min(rows, share)
 
 
 def main(argv=None):
@@ -722,12 +830,15 @@ def main(argv=None):
 
 def check_inputs(args, stages):
     """Everything the run reads, checked before the model loads and before the run folder exists: the
-    data files of every topic and the shared pools (data.DataError names file, line and field), and
-    the model."""
+    data files of every topic and the shared pools (data.DataError names file, line and field), a
+    relearning run's --relearn-set, and the model."""
     data.load_pools(args.data_root)
+    relearn = losses.METHODS[args.method].get("relearn")
     for _, topics in stages:
         for topic in topics:
-            data.load_topic(topic, args.data_root)
+            files = data.load_topic(topic, args.data_root)
+            if relearn:
+                data.relearn_band(files, args.relearn_set)          # a bad spec or an empty band: one line
     check_model(args.model)
 
 

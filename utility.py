@@ -338,7 +338,8 @@ def nll_plots(records, out_dir):
     summary = nll_summary(records)
     files = [out / "nll_records.csv", out / "nll_summary.json"]
     with open(files[0], "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["topic", "set", "known_before", "nll_before", "nll_after"], extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=["topic", "set", "fact", "known_before", "nll_before", "nll_after"],
+                           extrasaction="ignore")
         w.writeheader()
         w.writerows(records)
     files[1].write_text(json.dumps(summary, indent=1))

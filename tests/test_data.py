@@ -3,6 +3,7 @@ release grammar (warnings only), planted defects, aliases per row, stats, build 
 
     python -m pytest tests/test_data.py -q
 """
+import collections
 import json
 import re
 import shutil
@@ -121,6 +122,81 @@ def test_pairing_follows_appendix_b2():
     for b in range(0, len(blocks), 25):
         types = [data.fact_of(f["label"])[1] for f, _ in blocks[b:b + 25]]
         assert types.count("direct") == 20 and types.count("reverse") == 5
+
+
+@pytest.mark.parametrize("spec, wanted", [
+    ("tiers:0", lambda r, name: name == "retain_train" and data.category(r["label"]) == ("Semantic", 0)),
+    ("tiers:1-2", lambda r, name: name == "retain_train" and data.category(r["label"])[1] in (1, 2)),
+    ("tiers:11-12", lambda r, name: name == "retain_eval" and data.category(r["label"])[1] in (11, 12)),
+    ("gk", lambda r, name: name == "retain_train" and r["label"].startswith("GK")),
+    ("lexical", lambda r, name: name == "retain_train" and r["label"].startswith("Lexical")),
+    ("forget:K1-K5", lambda r, name: name == "forget_train" and data.fact_of(r["label"])[0] in {"K1", "K2", "K3", "K4", "K5"}),
+])
+def test_relearning_bands_draw_an_epoch_of_the_attacks_size(spec, wanted):
+    """A relearning arm's band is exactly its rows (tiers 0-10 from retain_train, 11-15 from retain_eval;
+    forget facts from forget_train) and is drawn to forget_train's 450 rows: every band row floor or
+    ceil(450 / band) times, the same draws for the same seed."""
+    d = data.load_topic(TOPIC)
+    band = data.relearn_band(d, spec)
+    assert band == [r for name in ("retain_train", "retain_eval", "forget_train") for r in d[name] if wanted(r, name)]
+    rows = data.relearn_rows(d, spec, seed=0)
+    assert len(rows) == len(d["forget_train"]) == 450
+    counts = {id(r): 0 for r in band}
+    for r in rows:
+        counts[id(r)] += 1
+    assert set(counts.values()) <= {450 // len(band), -(-450 // len(band))}
+    assert data.relearn_rows(d, spec, seed=0) == rows
+    assert data.relearn_rows(d, "retain_train") == d["retain_train"]       # the paper's attack, as it is
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("tiers:3-1", "0 <= A <= B <= 15"), ("tiers:16", "0 <= A <= B <= 15"), ("tiers:", "tiers:A-B"),
+    ("forget:K0-K3", "outside K1-K20"), ("forget:K1-M3", "not a fact"), ("forget:M4-M6", "outside M1-M5"),
+    ("forget:", "not a relearning set"), ("retain", "not a relearning set")])
+def test_bad_relearning_sets_are_named(spec, message):
+    with pytest.raises(data.UserError, match=re.escape(f"--relearn-set {spec}") + ".*" + re.escape(message)):
+        data.relearn_band(data.load_topic(TOPIC), spec)
+
+
+def test_a_band_the_topic_lacks_is_an_error():
+    with pytest.raises(data.UserError, match="tiers:0: no such rows"):
+        data.relearn_band(data.load_topic("salem_witch_trials"), "tiers:0")     # Salem has no tier 0
+
+
+def test_lkf_root_is_built_from_suite_and_validates(tmp_path):
+    """LKF* (appendix "Comparing evaluation and unlearning between LKF* and SUITE"): `suite.py lkf` rebuilds
+    the committed data/lkf exactly; it validates under our rules; its files hold the direct questions in
+    their 16 training wordings and their eval wordings (SUITE's own), and the 125 semantic retain-train
+    questions of tiers 1-5, three ways for training and five new ways for evaluation."""
+    counts = suite.build_lkf(tmp_path / "lkf")
+    assert counts == suite.LKF_COUNTS
+    for path in sorted((tmp_path / "lkf").rglob("*.json")):
+        assert path.read_bytes() == (data.LKF_ROOT / path.relative_to(tmp_path / "lkf")).read_bytes(), path
+    assert suite.validate_topic(TOPIC, data.LKF_ROOT, strict=True) == []
+    lkf, full = data.load_topic(TOPIC, data.LKF_ROOT), data.load_topic(TOPIC)
+    assert {data.fact_of(r["label"])[1] for r in lkf["forget_train"]} == {"direct"}
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "_line"} for r in rows]
+    assert strip(lkf["forget_eval_rephrasings"]) == strip(r for r in full["forget_eval_rephrasings"] if r["label"].endswith("-direct"))
+    tiers = lambda rows: collections.Counter(data.category(r["label"]) for r in rows)
+    assert tiers(lkf["retain_train"]) == {("Semantic", t): 75 for t in range(1, 6)}
+    assert tiers(lkf["retain_eval"]) == {("Semantic", t): 125 for t in range(1, 6)}
+    trained = {r["question"] for r in lkf["retain_train"]}
+    assert not trained & {r["question"] for r in lkf["retain_eval"]}         # reworded, never the same text
+    assert trained >= {r["question"] for r in full["retain_train"] if data.category(r["label"])[1] in range(1, 6)}
+    assert data.is_lkf_root(data.LKF_ROOT) and not data.is_lkf_root(data.DEFAULT_ROOT)
+
+
+def test_lkf_validator_finds_a_near_duplicate_eval_wording(tmp_path):
+    shutil.copytree(data.LKF_ROOT, tmp_path / "lkf")
+    path = tmp_path / "lkf" / TOPIC / "final" / "retain_eval.json"
+    lines = path.read_text().splitlines()
+    first = json.loads((tmp_path / "lkf" / TOPIC / "final" / "retain_train.json").read_text().splitlines()[0])
+    row = json.loads(lines[1])
+    row["question"] = first["question"].replace("?", " exactly?")
+    lines[1] = json.dumps(row)
+    path.write_text("\n".join(lines) + "\n")
+    found = [str(e) for e in suite.validate_topic(TOPIC, tmp_path / "lkf", strict=True)]
+    assert found == [f"{path}:2 field 'question': near-duplicate of retain_train line 1 (the same question's wordings)"]
 
 
 # ---- planted defects: the validator must name file, line, field and rule

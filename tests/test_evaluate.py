@@ -2,6 +2,7 @@
 
     python -m pytest tests/test_evaluate.py -q
 """
+import collections
 import http.server
 import json
 import os
@@ -382,3 +383,30 @@ def test_bad_input_is_one_line_and_leaves_no_folder(tiny_model_path, tmp_path, f
         assert proc.returncode == 1 and len(error) == 1 and error[0].startswith("evaluate.py: "), (argv, proc.stderr)
         assert message in error[0], (message, error[0])
         assert not absent.exists(), argv
+
+
+def test_lkf_protocol_with_the_lexical_probe(tiny_model_path, tmp_path):
+    """--protocol lkf: the LKF* root's direct questions in their eval wordings (Q_D; no reverse, indirect
+    or adversarial rates), its reworded tiers 1-5 as retain, and the lexical probe: SUITE's ten Lexical
+    questions with 'Challenger', as written and with the word in lower case, counted by kind."""
+    out = tmp_path / "lkf"
+    evaluate.main([tiny_model_path, "--protocol", "lkf", "--limit", "1", "--skip", "mmlu", "rep", "rgq",
+                   "--batch-size", "64", "--out", str(out)])
+    rows = [json.loads(line) for line in open(out / "rows.jsonl")]
+    by_set = collections.Counter(r["set"] for r in rows)
+    assert by_set == {"forget": 16 * 2, "retain": 5, "probe": 20}            # one fact, one row per tier
+    assert {r["qtype"] for r in rows if r["set"] == "forget"} == {"direct"}
+    probe = [r for r in rows if r["set"] == "probe"]
+    assert sum("Challenger" in r["question"] for r in probe) == 10
+    assert all("challenger" in r["question"] and "Challenger" not in r["question"] for r in probe if r["variant"] == "lower case")
+    assert all(set(r["verdicts"]) == {"refusal", "gibberish", "knows"} for r in probe)
+    metrics = json.loads((out / "metrics.json").read_text())
+    m = metrics["topics"]["challenger_disaster"]
+    assert metrics["protocol"] == ["lkf"] and m["Q_D"] is not None and m["Q_R"] is m["Q_All"] is m["Q_adv"] is None
+    for counts in m["probe"].values():
+        assert counts["n"] == 10 and counts["refusal"] + counts["gibberish"] + counts["fluent"] == 10
+    with pytest.raises(SystemExit, match="an LKF\\* root goes with --protocol lkf"):
+        evaluate.main([tiny_model_path, "--data-root", str(data.LKF_ROOT), "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="an LKF\\* root goes with --protocol lkf"):
+        evaluate.main([tiny_model_path, "--protocol", "lkf", "--data-root", str(FIXTURE), "--out", str(tmp_path / "y")])
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

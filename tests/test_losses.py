@@ -77,6 +77,15 @@ def test_baselines_take_one_token_mean_over_the_micro_batch():
         out["ref_forget"] = {"seq_logprob": torch.zeros(2)}
         _, r, _ = fn(out, hp)
         assert r.mean().item() == pytest.approx(token_mean), fn.__name__
+    out["ref_retain"] = {"logits": torch.tensor(BATCH_LOGITS)}
+    out["cyclic"] = view(BATCH_LOGITS, BATCH_LABELS)
+    js = lambda lp: math.log(2) + 0.5 * (math.exp(lp) * lp - (1 + math.exp(lp)) * math.log1p(math.exp(lp)))
+    f, _, _ = losses.jensun(out, {})               # the forget JS too (the authors' code; not a mean of means)
+    assert f.mean().item() == pytest.approx((js(LPA) + js(LP0) + js(LP1)) / 3, rel=1e-5)
+    own = [[[0.0, 0.0, 0.0], [0.0, 6.0, 0.0]], [[0.0, 3.0, 0.0], [0.0, 0.0, 9.0]]]
+    out["forget"] = view(BATCH_LOGITS, BATCH_LABELS, own_logits=own)
+    f, _, _ = losses.pdu(out, {"pdu_eps": 0.0})    # and PDU's logit gap: squared gaps 16, 4 and 36
+    assert f.mean().item() == pytest.approx((16 + 4 + 36) / 3, rel=1e-6)
     f, _, _ = losses.nll({"forget": view(BATCH_LOGITS, BATCH_LABELS)}, {})
     assert f.mean().item() == pytest.approx(token_mean)
     # WGA's forget term: the token mean of p_t * log p_t
@@ -270,14 +279,18 @@ def test_cyclic_and_full_sequences():
 
 
 def test_balance_alpha_is_ratio_of_logit_gradient_norms():
+    """Eq. 4 per loss micro-batch: two micro-batches share the logits (rows 0, 2 and rows 1, 3), and
+    each alpha is the ratio of its own losses' gradient norms; 1 where a loss is below eps."""
     logits = torch.randn(4, 3, 7, requires_grad=True)
-    L_f = (logits[:2] ** 2).sum() * 0.1
-    L_r = (logits[2:] * 3).sum()
-    g_f = 0.2 * logits[:2].detach()
-    expected = torch.full((2, 3, 7), 3.0).norm() / (g_f.norm() + 1e-5)
-    assert float(train.balance_alpha(L_f, L_r, logits)) == pytest.approx(expected.item(), rel=1e-5)
+    L_f = torch.stack([(logits[0] ** 2).sum() * 0.1, (logits[1] ** 2).sum() * 0.1])
+    L_r = torch.stack([(logits[2] * 3).sum(), (logits[3] * 5).sum()])
+    expected = [torch.full((3, 7), c).norm() / (0.2 * logits[row].detach().norm() + 1e-5) for c, row in ((3.0, 0), (5.0, 1))]
+    alpha = train.balance_alpha(L_f, L_r, logits, torch.tensor([0, 1, 0, 1]))
+    assert alpha.tolist() == pytest.approx([e.item() for e in expected], rel=1e-5)
     tiny = torch.tensor(1e-6, requires_grad=True)
-    assert float(train.balance_alpha(tiny * 1.0, L_r, logits)) == 1.0      # below the 1e-5 threshold
+    L_f = torch.stack([tiny * 1.0, (logits[1] ** 2).sum() * 0.1])
+    alpha = train.balance_alpha(L_f, L_r, logits, torch.tensor([0, 1, 0, 1]))
+    assert alpha[0].item() == 1.0 and alpha[1].item() == pytest.approx(expected[1].item(), rel=1e-5)   # below 1e-5
 
 
 def test_hyperparameters_per_family():

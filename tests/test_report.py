@@ -117,3 +117,81 @@ def test_stages_and_relearn_keep_the_runs_that_finished(tmp_path, capsys):
         report.main(["stages", str(out), f"jensunpp={gone}"])
     with pytest.raises(SystemExit, match="give NAME=BEFORE_EVAL,AFTER_EVAL"):
         report.main(["relearn", str(out), f"npo={joint}"])
+
+
+def write_arm(folder, leaked, nll_change=None, relearn_set=None):
+    """An evaluation of forget answers on facts K1-K4 (one direct and one reverse query each; `leaked`
+    maps a fact to the query type that got YES), its run's --relearn-set, and the NLL records that
+    evaluate.py --base-eval writes (after - before = nll_change[fact])."""
+    folder.mkdir(parents=True)
+    run = {"method": "nll" if relearn_set else "jensunpp", "relearn_set": relearn_set}
+    (folder / "metrics.json").write_text(json.dumps({"judge": ["heuristic (approximate)"], "prompt_format": ["chat"],
+                                                     "average": {}, "topics": {}, "utility": {}, "run": run}))
+    rows = [{"id": f"t|{f}|{q}", "topic": "t", "set": "forget", "fact": f, "qtype": q, "label": f"{f}-{q}",
+             "verdicts": {"leak": "YES" if leaked.get(f) == q else "NO"}}
+            for f in ("K1", "K2", "K3", "K4") for q in ("direct", "reverse")]
+    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if nll_change:
+        (folder / "nll").mkdir()
+        (folder / "nll" / "nll_records.csv").write_text("topic,set,fact,known_before,nll_before,nll_after\n" + "".join(
+            f"t,forget,{f},True,3.0,{3.0 + d}\n" for f, d in nll_change.items()) + "t,retain,,True,1.0,9.0\n")
+    return str(folder)
+
+
+def test_proximity_table_reads_arms_on_their_held_out_facts(tmp_path, capsys):
+    """report.py proximity: per arm the forget rates, their change against the unlearned model on the
+    same facts (a forget:FACTS arm is read out on the other facts only) and the mean change of the
+    forget answers' NLL; arms sorted nearest first; a missing arm is a line; a PNG beside the table."""
+    unlearned = write_arm(tmp_path / "u", {"K1": "direct", "K2": "reverse"})                 # Q_All 50
+    facts = write_arm(tmp_path / "a1", {"K1": "direct", "K2": "direct", "K3": "reverse"},
+                      {"K1": -5.0, "K2": -5.0, "K3": -2.0, "K4": -1.0}, "forget:K1-K2")     # on K3, K4: 50 vs 0
+    tier0 = write_arm(tmp_path / "a2", {"K1": "direct", "K2": "reverse"},
+                      {"K1": -1.0, "K2": -1.0, "K3": 0.0, "K4": 0.0}, "tiers:0")            # 50 vs 50
+    far = write_arm(tmp_path / "a3", {}, {"K1": 1.0, "K2": 1.0, "K3": 1.0, "K4": 1.0}, "tiers:11-12")
+    out = tmp_path / "prox.md"
+    report.main(["proximity", str(out), f"jensunpp={unlearned}", far, tier0, facts, str(tmp_path / "gone" / "eval" / "final")])
+    lines = [l for l in out.read_text().splitlines() if l.startswith("| jensunpp")]
+    cells = [[c.strip() for c in l.strip("|").split("|")] for l in lines]
+    assert [c[1] for c in cells] == ["none (the unlearned model)", "forget:K1-K2", "tiers:0", "tiers:11-12"]
+    assert cells[0][2:7] == ["4", "25", "25", "25", "50"]
+    assert cells[1][2:] == ["2", "0", "0", "50", "50", "50", "-1.5"]             # K3 and K4 only
+    assert cells[2][6:] == ["50", "0", "-0.5"]
+    assert cells[3][6:] == ["0", "-50", "1"]
+    text = out.read_text()
+    assert "| gone | arm: not evaluated |" in text and "no longer unseen" in text
+    assert out.with_suffix(".png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="not the evaluation of a relearning run"):
+        report.main(["proximity", str(out), f"jensunpp={unlearned}", unlearned])
+    with pytest.raises(SystemExit, match="name the unlearned model's evaluation first"):
+        report.main(["proximity", str(out), facts])
+
+
+def write_topic_eval(folder, topic_metrics, protocol="suite"):
+    """An evaluation folder holding only metrics.json, its one topic's metrics as given."""
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps({"judge": ["heuristic (approximate)"], "prompt_format": ["chat"],
+                                                     "protocol": [protocol], "average": {}, "utility": {}, "run": {},
+                                                     "topics": {"challenger_disaster": topic_metrics}}))
+    return str(folder)
+
+
+def test_lkf_tables_in_the_papers_layouts(tmp_path):
+    """report.py lkf: LKF*-trained models under LKF*'s evaluation (Q_D, s1-5 train) and SUITE's (forget
+    rates, GK/Syn/Lex, s0, s1-5 eval and s6-15 as tier means), LKF*- against SUITE-trained, and the
+    lexical probe counts."""
+    tiers = {str(t): float(t) for t in range(16)}                         # tier t retains t%
+    probe = {"as written": {"n": 10, "refusal": 6, "gibberish": 1, "fluent": 3, "knows": 2},
+             "lower case": {"n": 10, "refusal": 2, "gibberish": 0, "fluent": 8, "knows": 5}}
+    lkf = write_topic_eval(tmp_path / "lkf", {"Q_D": 4.0, "Retain": 44.5, "probe": probe}, "lkf")
+    lkf_suite = write_topic_eval(tmp_path / "ls", {"Q_D": 4.0, "Q_D+I": 24.0, "Q_R": 92.0, "Q_All": 96.0, "GK": 80.0,
+                                                   "Syn": 20.0, "Lex": 60.0, "s0": 12.0, "Retain": 40.0, "per_tier": tiers})
+    suite_run = write_topic_eval(tmp_path / "s", {"Q_D": 0.0, "Q_D+I": 0.0, "Q_R": 4.0, "Q_All": 4.0, "Retain": 50.0})
+    out = tmp_path / "lkf.md"
+    report.main(["lkf", str(out), f"npo={lkf},{lkf_suite},{suite_run}", f"pdu=-,{lkf_suite},-"])
+    text = out.read_text()
+    assert "| npo | 4.0 | 44.5 | 24.0 | 92.0 | 96.0 | 80.0 | 20.0 | 60.0 | 12.0 | 3 | 10.5 |" in text   # tiers 1-5, 6-15
+    assert "| npo | 4.0 | 24.0 | 92.0 | 96.0 | 40.0 | 0.0 | 0.0 | 4.0 | 4.0 | 50.0 |" in text
+    assert "| pdu |  |  | 24.0 | 92.0 |" in text and "| pdu | 4.0 | 24.0 | 92.0 | 96.0 | 40.0 |  |  |  |  |  |" in text
+    assert "| npo | 6/10 | 1/10 | 3/10 | 2/10 | 2/10 | 0/10 | 8/10 | 5/10 |" in text
+    with pytest.raises(SystemExit, match="give NAME=LKF_TRAINED_LKF_EVAL"):
+        report.main(["lkf", str(out), f"npo={lkf},{lkf_suite}"])

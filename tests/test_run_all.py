@@ -21,7 +21,7 @@ def dry_run(*blocks, **env):
 
 def test_dry_run_prints_every_block():
     lines = dry_run("all")
-    for block in ("small", "sweeps", "single", "sequential", "joint", "relearn", "ablations"):
+    for block in ("small", "proximity", "lkf_small", "sweeps", "single", "sequential", "joint", "relearn", "ablations", "lkf"):
         assert f"### block {block}" in lines
     commands = [l for l in lines if l.startswith("+ ")]
     assert sum("--mode sequential" in c for c in commands) == 15 + 3        # 5 methods x 3 models; the small block's 3
@@ -63,6 +63,45 @@ def test_small_block_parts():
     assert any(c.startswith("+ python report.py relearn runs/small/relearn.md") for c in commands)
     only = [l for l in dry_run("small", SMALL_PARTS="seq") if l.startswith("+ ")]
     assert not any("--relearn-set inject" in c or "-lr.md" in c for c in only) and any("runs/small/seq/" in c for c in only)
+
+
+def test_proximity_block_arms_start_from_one_checkpoint_at_equal_settings():
+    """Block proximity: each method unlearns Challenger at its pick; every arm relearns from that
+    checkpoint alone (never from another arm) at the same flags but its --relearn-set, at the highest
+    picked LR (the paper's rule), and is read out on the forget set against the unlearned model."""
+    commands = [l for l in dry_run("proximity") if l.startswith("+ ")]
+    unlearn = [c for c in commands if "--method nll" not in c and "train.py" in c]
+    assert [c.split("--method ")[1].split()[0] for c in unlearn] == ["jensunpp", "dpo", "npo"]
+    arms = [c for c in commands if "--method nll" in c]
+    assert len(arms) == 3 * 14
+    for c in arms:
+        m = c.split("--model runs/proximity/")[1].split("/final")[0]
+        assert m in ("jensunpp", "dpo", "npo") and f"--base runs/proximity/{m}/final" in c
+        assert c.split(" > ")[0].endswith("--topics challenger_disaster --lr 9e-05 --batch-size 8 --print-every 60 --out "
+                                          + c.split("--out ")[1].split()[0])
+        assert "--sets forget --skip mmlu rep rgq" in c
+    specs = [c.split("--relearn-set ")[1].split()[0] for c in arms]
+    assert {"tiers:0", "tiers:13-14", "forget:K1-K5", "forget_train", "gk", "lexical", "retain_train"} <= set(specs)
+    assert commands[-1].startswith("+ python report.py proximity runs/proximity/proximity.md jensunpp=")
+    assert commands[-1].count("/eval/final") == 3 * 15
+
+
+def test_lkf_blocks_train_each_method_on_both_datasets():
+    """Blocks lkf (Llama) and lkf_small (the injected SmolLM2): every method trained on LKF* with the recipe
+    (lkf_small: the LKF* table's loss factors, its LR times the pick's factor) and on SUITE; LKF*-trained
+    models evaluated under both protocols; one report over all of them."""
+    big = [l for l in dry_run("lkf") if l.startswith("+ ")]
+    for m in ("graddiff", "jensun", "npo", "pdu", "rmu", "jensunpp"):
+        assert sum(f"--method {m} " in c and "--recipe lkf --out runs/lkf/" in c for c in big) == 1
+        assert any(c.startswith(f"+ python evaluate.py runs/lkf/{m}-lkf --protocol lkf") for c in big)
+        assert any(c.startswith(f"+ python evaluate.py runs/lkf/{m}-suite --topics challenger_disaster") for c in big)
+    assert big[-1].startswith("+ python report.py lkf runs/lkf/tables.md base=")
+    small = [l for l in dry_run("lkf_small") if l.startswith("+ ")]
+    jensunpp = next(c for c in small if "--method jensunpp" in c and "--recipe lkf" in c)
+    assert "--recipe lkf --lr 0.00015 --lambda-f 0.33 --lambda-r 1 --batch-size 8" in jensunpp    # 9e-5 x 5e-6 / 3e-6
+    assert jensunpp.count("python evaluate.py") == 2 and "--protocol lkf" in jensunpp
+    assert any("--method graddiff" in c and "--lr 1.5e-05 --lambda-f 1 --lambda-r 2 --batch-size 8" in c for c in small)
+    assert small[-1].count("/eval_lkf/final,") == 7
 
 
 def test_small_block_starts_mps_only_when_asked_and_none_runs(tmp_path):

@@ -105,6 +105,97 @@ def test_gradient_accumulation_equivalence(tiny_model_path, tmp_path):
     assert graddiff[0] != pytest.approx(graddiff[1], rel=1e-6)      # a token mean over 4 is not the mean of two over 2
 
 
+def fourth_step(tiny, out, method, physical, batch_size=4):
+    """Four optimizer steps at a global batch of 16 on the 36 fixture pairs (16, 16, 4, then 16): the
+    gradients of the fourth (read where they are clipped) and its alpha of each loss micro-batch (eq. 4;
+    the first step's learning rate is 0, so until the third the policy is the frozen model and alpha 1)."""
+    grads, alphas = [], []
+    clip, balance = torch.nn.utils.clip_grad_norm_, train.balance_alpha
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch.nn.utils, "clip_grad_norm_",
+                  lambda params, *a, **k: grads.append([p.grad.clone() for p in params]) or clip(params, *a, **k))
+        m.setattr(train, "balance_alpha",
+                  lambda *a: alphas.extend((len(grads), x) for x in balance(*a).tolist()) or balance(*a))
+        run(tiny, out, method, "--lr", "1e-2", "--max-steps", "4", "--global-batch", "16",
+            "--batch-size", str(batch_size), "--physical-batch", str(physical), "--no-save")
+    return grads[3], [x for step, x in alphas if step == 3]
+
+
+@pytest.mark.parametrize("method", ["jensunpp", "graddiff", "pdu"])
+def test_loss_micro_batches_sharing_a_pass_equal_one_pass_each(tiny_model_path, tmp_path, method, monkeypatch):
+    """Four loss micro-batches of 4 in one forward pass of 16 rows (or two passes of 8) give the
+    gradients and the alphas of one pass each (fp32): each keeps its own token means (GradDiff, PDU's
+    retain NLL), its own alpha (JensUn++) and its own dual step (PDU, warm-up cut to 0 so that lambda_r
+    moves between micro-batches). One loss micro-batch of 16 is another objective, and the test sees it."""
+    monkeypatch.setitem(losses.METHOD_CONSTANTS, "pdu", {**losses.METHOD_CONSTANTS["pdu"], "pdu_warmup_epochs": 0})
+    grads, alphas = fourth_step(tiny_model_path, tmp_path / "p4", method, 4)
+    assert len(alphas) == (4 if method == "jensunpp" else 0)
+    assert len(set(alphas)) == len(alphas) and all(a > 0 for a in alphas)     # four different ratios
+    for physical in (8, 16):
+        shared_grads, shared_alphas = fourth_step(tiny_model_path, tmp_path / f"p{physical}", method, physical)
+        assert shared_alphas == pytest.approx(alphas, rel=1e-5)
+        for a, b in zip(shared_grads, grads):          # fp32 rounding of other matmul shapes: ~1e-7 of the norm
+            assert (a - b).norm() <= 1e-5 * b.norm(), (physical, (a - b).norm() / b.norm())
+    merged, _ = fourth_step(tiny_model_path, tmp_path / "b16", method, 16, batch_size=16)
+    assert any(not torch.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(merged, grads))
+
+
+def test_physical_batch_auto_halves_on_running_out_of_memory(tiny_model_path, tmp_path, monkeypatch, capsys):
+    """--physical-batch auto starts with the whole global batch in one pass; a pass of more than 8 rows
+    here runs out of memory, so the step is redone at 8 rows, and the run ends where one at 8 rows does."""
+    common = ["--lr", "1e-3", "--max-steps", "3", "--global-batch", "16", "--batch-size", "4"]
+    run(tiny_model_path, tmp_path / "eight", "jensunpp", *common, "--physical-batch", "8")
+    forward_views = train.forward_views
+
+    def small_memory(model, seqs_by_view, *a, **k):
+        if len(next(iter(seqs_by_view.values()))) > 8:
+            raise torch.OutOfMemoryError("test: more than 8 rows")
+        return forward_views(model, seqs_by_view, *a, **k)
+    monkeypatch.setattr(train, "forward_views", small_memory)
+    log = run(tiny_model_path, tmp_path / "auto", "jensunpp", *common)
+    assert "16 rows per forward pass" in capsys.readouterr().out.split("out of memory")[0]
+    assert len(log) == 3
+    a, b = weights(tmp_path / "auto" / "final"), weights(tmp_path / "eight" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(torch.OutOfMemoryError):       # a number the user chose is kept, and the error shown
+        run(tiny_model_path, tmp_path / "fixed", "jensunpp", *common, "--physical-batch", "16")
+    for bad in ("6", "2", "many"):
+        with pytest.raises(data.UserError, match="--physical-batch"):
+            train.parse_args(["--method", "jensunpp", "--physical-batch", bad])
+    assert train.parse_args(["--method", "jensunpp", "--physical-batch", "64"]).physical_batch == 32   # the share
+
+
+def test_relearning_arms_run_the_same_steps(tiny_model_path, tmp_path):
+    """Every relearning arm runs the optimizer steps of the paper's attack: an epoch of forget_train's size
+    (36 fixture pairs: 3 steps of 16) whatever its band's size; a bad band is one line, before any folder."""
+    steps = {}
+    for arm in ("retain_train", "tiers:1-2", "forget:M1-M2"):
+        log = run(tiny_model_path, tmp_path / arm.replace(":", "-"), "nll", "--relearn-set", arm, "--epochs", "2",
+                  "--global-batch", "16", "--batch-size", "8", "--no-save")
+        steps[arm] = [r["tokens"] > 0 for r in log]
+    assert steps["retain_train"] == steps["tiers:1-2"] == steps["forget:M1-M2"] == [True] * 6
+    with pytest.raises(SystemExit, match="^train.py: --relearn-set tiers:16: give tiers:A"):
+        train.main(["--method", "nll", "--model", tiny_model_path, "--data-root", str(FIXTURE), "--relearn-set",
+                    "tiers:16", "--out", str(tmp_path / "bad")])
+    assert not (tmp_path / "bad").exists()
+
+
+def test_lkf_recipe(tiny_model_path, tmp_path, capsys):
+    """--recipe lkf: the LKF* root (400 forget rows, 375 retain rows, randomly paired), 10 epochs, the
+    LKF* table's hyperparameters; the LKF* root without the recipe is refused (it has no pairing)."""
+    out = tmp_path / "lkf"
+    train.main(["--method", "jensunpp", "--model", tiny_model_path, "--recipe", "lkf", "--out", str(out),
+                "--precision", "fp32", "--refusal", REFUSAL, "--max-steps", "2", "--no-save", "--print-every", "0"])
+    config = json.loads((out / "config.json").read_text())
+    assert (config["data_root"], config["epochs"], config["pairing"]) == (str(data.LKF_ROOT), 10, False)
+    assert config["hparams"] == {"lr": 5e-6, "lambda_f": 0.33, "lambda_r": 1.0}            # tab:challenger_hparam_utility_llama3b
+    assert "400 pairs, 13 steps per epoch of 32" in capsys.readouterr().out
+    assert losses.resolve_hparams("satimp", "llama", "lkf") == losses.resolve_hparams("satimp", "llama")   # no LKF* row
+    with pytest.raises(data.UserError, match="is an LKF\\* root"):
+        train.parse_args(["--method", "jensunpp", "--data-root", str(data.LKF_ROOT)])
+    assert train.parse_args(["--method", "jensunpp", "--data-root", str(data.LKF_ROOT), "--no-pairing"]).epochs == 20
+
+
 def test_kill_and_resume_equals_uninterrupted(tiny_model_path, tmp_path, monkeypatch):
     """A run stopped right after its checkpoint of step 2 and restarted with the same command ends where
     the uninterrupted run does: same weights, same per-step losses, one log. A kill later in step 3
@@ -433,8 +524,8 @@ def test_fsdp_two_processes_on_cpu_match_one_process(tiny_model_path, tmp_path, 
 @pytest.mark.slow
 def test_compile_graphs_matches_eager(tiny_model_path, tmp_path):
     """The whole-model compile (CUDA graphs on a GPU; inductor alone on CPU) trains like eager mode, also
-    through the smaller last step of an epoch (36 pairs: a step of 32, then one of 4 in filler-padded rows
-    of 8). JensUn++: the frozen model compiled too, and eq. 4's gradient through the compiled logits. Two
+    through the smaller last step of an epoch (36 pairs: a step of 32 in one pass, then one of 4 in
+    filler-padded rows of 32). JensUn++: the frozen model compiled too, and eq. 4's gradient through the compiled logits. Two
     decoder layers: compiling time grows with the layers, what is compiled does not change."""
     from transformers import LlamaConfig
     two_layers = str(tmp_path / "two-layers")
@@ -452,8 +543,9 @@ def test_compile_graphs_matches_eager(tiny_model_path, tmp_path):
 @pytest.mark.parametrize("method", ["jensunpp", "npo"])
 def test_compile_blocks_matches_eager(tiny_model_path, tmp_path, method, monkeypatch):
     """Compiled decoder blocks (dynamic shapes; inductor on CPU) train like eager mode, also through the
-    smaller last step of an epoch (36 pairs: a step of 32, then one of 4, filled to the micro-batch's 8
-    rows). JensUn++ reads the frozen model's logits, NPO its sequence scores (both through compiled blocks).
+    smaller last step of an epoch (36 pairs: a step of 32 in one pass of four loss micro-batches of 8, then
+    one of 4, filled to the pass's 32 rows). JensUn++ reads the frozen model's logits, NPO its sequence
+    scores (both through compiled blocks).
     Two decoder layers, as above."""
     from transformers import LlamaConfig
     two_layers = str(tmp_path / "two-layers")
@@ -463,7 +555,7 @@ def test_compile_blocks_matches_eager(tiny_model_path, tmp_path, method, monkeyp
     calls, forward_views = [], train.forward_views
     monkeypatch.setattr(train, "forward_views", lambda *a, **k: calls.append(k.get("shape")) or forward_views(*a, **k))
     blocks = run(two_layers, tmp_path / "blocks", method, *common, "--compile")
-    assert calls and set(calls) == {(8, None, None)}          # every forward through compiled blocks: 8 rows
+    assert calls and set(calls) == {(32, None, None)}         # every forward through compiled blocks: 32 rows
     assert [r["loss"] for r in blocks] == pytest.approx([r["loss"] for r in eager], rel=1e-4)
     assert [r["grad_norm"] for r in blocks] == pytest.approx([r["grad_norm"] for r in eager], rel=1e-3)
 
