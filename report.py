@@ -314,6 +314,10 @@ def forget_readout(e, skip):
     return {**{k: m[k] for k in ("Q_D", "Q_D+I", "Q_R", "Q_All")}, "facts": m["facts"], "dNLL": delta}
 
 
+def signed(v, digits):
+    return "" if v is None else f"{v:+.{digits}f}"
+
+
 def proximity_table(args):
     """Relearning by semantic proximity: per method and arm, the forget rates after the arm's attack, their
     change against the unlearned model on the same facts, and the change of the forget answers' NLL; a
@@ -333,7 +337,7 @@ def proximity_table(args):
             dq = None if after["Q_All"] is None or before["Q_All"] is None else after["Q_All"] - before["Q_All"]
             lines.append("| " + " | ".join([name, spec, str(after["facts"])] +
                                            [fmt_num(after[k]) for k in ("Q_D", "Q_D+I", "Q_R", "Q_All")] +
-                                           [fmt_num(dq), fmt_num(after["dNLL"] and round(after["dNLL"], 3))]) + " |")
+                                           [signed(dq, 1), signed(after["dNLL"], 3)]) + " |")
             curves.setdefault(name, []).append((arm_distance(spec), dq, after["dNLL"]))
     lines += missing_rows(missing, len(head))
     specs = [a["run"]["relearn_set"] for _, _, arms in groups for a in arms]

@@ -120,7 +120,7 @@ def test_stages_and_relearn_keep_the_runs_that_finished(tmp_path, capsys):
 
 
 def write_arm(folder, leaked, nll_change=None, relearn_set=None):
-    """An evaluation of forget answers on facts K1-K4 (one direct and one reverse query each; `leaked`
+    """An evaluation of forget answers on facts K1-K4 (a direct, a reverse and an indirect query each; `leaked`
     maps a fact to the query type that got YES), its run's --relearn-set, and the NLL records that
     evaluate.py --base-eval writes (after - before = nll_change[fact])."""
     folder.mkdir(parents=True)
@@ -129,7 +129,7 @@ def write_arm(folder, leaked, nll_change=None, relearn_set=None):
                                                      "average": {}, "topics": {}, "utility": {}, "run": run}))
     rows = [{"id": f"t|{f}|{q}", "topic": "t", "set": "forget", "fact": f, "qtype": q, "label": f"{f}-{q}",
              "verdicts": {"leak": "YES" if leaked.get(f) == q else "NO"}}
-            for f in ("K1", "K2", "K3", "K4") for q in ("direct", "reverse")]
+            for f in ("K1", "K2", "K3", "K4") for q in ("direct", "reverse", "indirect")]
     (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if nll_change:
         (folder / "nll").mkdir()
@@ -154,9 +154,9 @@ def test_proximity_table_reads_arms_on_their_held_out_facts(tmp_path, capsys):
     cells = [[c.strip() for c in l.strip("|").split("|")] for l in lines]
     assert [c[1] for c in cells] == ["none (the unlearned model)", "forget:K1-K2", "tiers:0", "tiers:11-12"]
     assert cells[0][2:7] == ["4", "25", "25", "25", "50"]
-    assert cells[1][2:] == ["2", "0", "0", "50", "50", "50", "-1.5"]             # K3 and K4 only
-    assert cells[2][6:] == ["50", "0", "-0.5"]
-    assert cells[3][6:] == ["0", "-50", "1"]
+    assert cells[1][2:] == ["2", "0", "0", "50", "50", "+50.0", "-1.500"]         # K3 and K4 only
+    assert cells[2][6:] == ["50", "+0.0", "-0.500"]
+    assert cells[3][6:] == ["0", "-50.0", "+1.000"]
     text = out.read_text()
     assert "| gone | arm: not evaluated |" in text and "no longer unseen" in text
     assert out.with_suffix(".png").stat().st_size > 0
