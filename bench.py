@@ -238,7 +238,7 @@ def bench_rep(model, tokenizer, batch_size, n, tokens, cache=None, profile_path=
     return result
 
 
-TOPIC_GIBBERISH = 2900          # gibberish verdicts of one topic: 75 questions x 16 wordings x 2 formats, 500 adversarial
+TOPIC_GIBBERISH = 2400          # gibberish verdicts of one topic: 75 questions x 16 wordings x 2 formats (evaluate.judge_rows)
 
 
 def bench_judge(paths):

@@ -203,9 +203,10 @@ def generate_answers(get_model, queries, out_dir, batch_size, prompt_format="pap
 
 
 def judge_rows(rows, judge):
-    """Fill row["verdicts"]: forget/adversarial rows get "leak" (forget rubric: YES = reveals the
-    fact) and "gibberish"; retain rows get "knows" (retain rubric: YES = still knows); probe rows get
-    "gibberish", "knows" and "refusal" (data.is_refusal)."""
+    """Fill row["verdicts"]: forget and adversarial rows get "leak" (forget rubric: YES = reveals the
+    fact), forget rows "gibberish" too (Gib is the forget set's rate: an adversarial answer's would go
+    unused); retain rows get "knows" (retain rubric: YES = still knows); probe rows get "gibberish",
+    "knows" and "refusal" (data.is_refusal)."""
     def items(subset):
         return [{"question": r["question"], "ground_truth": r["ground_truth"], "answer": r["answer"],
                  "aliases": r["aliases"], "topic": r["topic"]} for r in subset]
@@ -214,7 +215,8 @@ def judge_rows(rows, judge):
     probe = [r for r in rows if r["set"] == "probe"]
     for r in probe:
         r.setdefault("verdicts", {})["refusal"] = "YES" if data.is_refusal(r["answer"]) else "NO"
-    for kind, subset, key in (("forget", forget, "leak"), ("gibberish", forget + probe, "gibberish"),
+    asked = [r for r in forget if r["set"] == "forget"]
+    for kind, subset, key in (("forget", forget, "leak"), ("gibberish", asked + probe, "gibberish"),
                               ("retain", retain + probe, "knows")):
         if subset:
             verdicts = judge.verdicts(kind, items(subset), progress=Progress(f"judge {kind}", len(subset)).to)

@@ -760,10 +760,11 @@ class CoherenceScorer:
     answer's tokens of log p(token | the question) - log p(token | no question), in the chat template
     (pointwise mutual information, nats per token). A fluent ramble about something else
     gains little from the question; a wrong but on-topic answer gains much. Loaded on first use, in the
-    precision model.choose_precision picks; scores are kept per (question, answer)."""
+    precision model.choose_precision picks; scores are kept per (question, answer), the unprompted pass
+    per answer."""
 
     def __init__(self, batch_size=16):
-        self.batch_size, self.model, self.scores = batch_size, None, {}
+        self.batch_size, self.model, self.scores, self.unprompted = batch_size, None, {}, {}
 
     def _load(self):
         import torch
@@ -812,9 +813,12 @@ class CoherenceScorer:
             answers = [self.tokenizer(a, add_special_tokens=False)["input_ids"] or [self.tokenizer.eos_token_id]
                        for _, a in part]
             given = self._answer_logprobs([(self._prompt(q), a) for (q, _), a in zip(part, answers)])
-            alone = self._answer_logprobs([(unprompted, a) for a in answers])
-            for pq, a, g, n in zip(part, answers, given, alone):
-                self.scores[pq] = (g - n) / len(a)
+            ids_of = {text: a for (_, text), a in zip(part, answers)}
+            new = [text for text in ids_of if text not in self.unprompted]      # an answer to several questions: once
+            if new:
+                self.unprompted.update(zip(new, self._answer_logprobs([(unprompted, ids_of[text]) for text in new])))
+            for pq, a, g in zip(part, answers, given):
+                self.scores[pq] = (g - self.unprompted[pq[1]]) / len(a)
         return [self.scores[pq] for pq in pairs]
 
 

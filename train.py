@@ -535,7 +535,7 @@ class Trainer:
         return self.args.physical_auto and self.world == 1 and self.physical > self.args.batch_size
 
     def shrink_physical(self):
-        """After running out of memory: half the rows per forward pass (whole loss micro-batches) and the
+        """After running out of memory: halve the rows per forward pass (whole loss micro-batches) and the
         step redone from clean gradients (the failed step changed nothing else: lambda_r is the loop's)."""
         batch_size = self.args.batch_size
         self.physical = max(batch_size, self.physical // 2 // batch_size * batch_size)

@@ -290,15 +290,15 @@ def test_a_broken_judge_is_never_reported_as_forgetting(tiny_model_path, tmp_pat
         proc = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *args], capture_output=True, text=True)
         rows = [json.loads(line) for line in open(out / "rows.jsonl")]
         n = sum(len(r["verdicts"]) for r in rows)
-        assert proc.returncode == 1 and n == 251
+        assert proc.returncode == 1 and n == 231       # adversarial answers get no gibberish verdict
         error = proc.stderr.strip().split("\n")[-1]              # above it: transformers' weight-loading bars
         assert error.startswith("evaluate.py: ") and "Traceback" not in proc.stderr
-        assert "251 of 251 judge verdicts are INVALID" in error and "2 of 2 RGQ pairs discarded" in error
-        assert "WARNING: 251 of 251" in proc.stdout
+        assert "231 of 231 judge verdicts are INVALID" in error and "2 of 2 RGQ pairs discarded" in error
+        assert "WARNING: 231 of 231" in proc.stdout
         metrics = json.loads((out / "metrics.json").read_text())
         assert all(metrics["average"][k] is None for k in evaluate.FORGET_RATES) and metrics["utility"]["rgq"] is None
         report = (out / "report.md").read_text().split("\n")
-        assert report[2].startswith("**WARNING: 251 of 251 judge verdicts are INVALID")
+        assert report[2].startswith("**WARNING: 231 of 231 judge verdicts are INVALID")
         table = [line for line in report if line.startswith(("| challenger_disaster |", "| average |"))]
         assert len(table) == 2 and all(c.strip().startswith("--") for line in table for c in line.split("|")[2:-1])
 
@@ -306,7 +306,7 @@ def test_a_broken_judge_is_never_reported_as_forgetting(tiny_model_path, tmp_pat
         stub.asked.clear()
         with pytest.raises(SystemExit) as e:
             evaluate.main(args)
-        assert "116 of 251 judge verdicts are INVALID" in str(e.value.code)
+        assert "96 of 231 judge verdicts are INVALID" in str(e.value.code)
         assert json.loads((out / "metrics.json").read_text())["average"]["Q_All"] == 0.0     # now determined
 
         stub.replies.update(gibberish="NO", rgq='{"reason": "the same answer", "winner": "tie"}')
@@ -316,7 +316,7 @@ def test_a_broken_judge_is_never_reported_as_forgetting(tiny_model_path, tmp_pat
         assert set(stub.asked) == {"gibberish", "rgq"}          # forget and retain verdicts came from the cache
         gibberish_items = {json.dumps(judge.messages("gibberish", {"question": r["question"], "ground_truth": r["ground_truth"],
                                                                    "answer": r["answer"]}))
-                           for r in rows if r["set"] != "retain"}
+                           for r in rows if r["set"] == "forget"}
         assert stub.asked.count("gibberish") == len(gibberish_items)
         assert "RGQ generate" not in capsys.readouterr().out       # judged again without generating again
         metrics = json.loads((out / "metrics.json").read_text())

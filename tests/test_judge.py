@@ -445,6 +445,17 @@ def test_coherence_log_probabilities_in_a_padded_batch(smollm2_path):
     assert scorer._prompt(None) == scorer.tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
 
 
+def test_coherence_scores_an_answer_alone_once(smollm2_path):
+    """The answer's unprompted log-probability depends on the answer only: an answer given to two
+    questions is run alone once, and both scores equal those of scorers that saw one pair each."""
+    shared = heuristic.CoherenceScorer()
+    other_q = "Which city did the ferry Marisol reach in May 1954?"
+    both = shared([(HARBOUR_Q, ON_TOPIC), (other_q, ON_TOPIC)])
+    assert list(shared.unprompted) == [ON_TOPIC]
+    apart = [heuristic.CoherenceScorer()([(q, ON_TOPIC)])[0] for q in (HARBOUR_Q, other_q)]
+    assert both == pytest.approx(apart, abs=1e-4) and both[0] != pytest.approx(both[1], abs=1e-3)
+
+
 def test_heuristic_gibberish_numbers_need_a_date_question():
     """A long integer is a year gone wrong only where a date is asked: a count or a distance may be long."""
     q = "How many tonnes of grain did the ferry carry?"
