@@ -13,7 +13,6 @@ import pytest
 
 import data
 import evaluate
-import losses
 import suite
 from conftest import FIXTURE
 

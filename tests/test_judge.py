@@ -258,7 +258,7 @@ def test_rule_names_run_together(gt, answer, want):
 
 
 def test_rule_codes_and_echo():
-    q_open, q_blank = "Which mission was lost?", "Mission ____ was lost."
+    q_open = "Which mission was lost?"
     assert ask("forget", "STS-51-L", "51-l.", question=q_open) == "YES"
     assert ask("forget", "STS-51-L", "sts-51l", question=q_open) == "YES"
     assert ask("forget", "STS-51-L", "51-l2a", question=q_open) == "NO"

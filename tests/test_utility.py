@@ -14,7 +14,6 @@ import torch
 
 import data
 import heuristic
-import judge
 import utility
 from model import load_model
 
