@@ -107,18 +107,30 @@ def test_gradient_accumulation_equivalence(tiny_model_path, tmp_path):
 
 def fourth_step(tiny, out, method, physical, batch_size=4):
     """Four optimizer steps at a global batch of 16 on the 36 fixture pairs (16, 16, 4, then 16): the
-    gradients of the fourth (read where they are clipped) and its alpha of each loss micro-batch (eq. 4;
+    gradients of the fourth (read where they are clipped; 0 where a loss leaves a parameter out, as RMU's
+    does the layers after its hook) and its alpha of each loss micro-batch (eq. 4;
     the first step's learning rate is 0, so until the third the policy is the frozen model and alpha 1)."""
     grads, alphas = [], []
     clip, balance = torch.nn.utils.clip_grad_norm_, train.balance_alpha
     with pytest.MonkeyPatch.context() as m:
         m.setattr(torch.nn.utils, "clip_grad_norm_",
-                  lambda params, *a, **k: grads.append([p.grad.clone() for p in params]) or clip(params, *a, **k))
+                  lambda params, *a, **k: grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                                                        for p in params]) or clip(params, *a, **k))
         m.setattr(train, "balance_alpha",
                   lambda *a: alphas.extend((len(grads), x) for x in balance(*a).tolist()) or balance(*a))
         run(tiny, out, method, "--lr", "1e-2", "--max-steps", "4", "--global-batch", "16",
             "--batch-size", str(batch_size), "--physical-batch", str(physical), "--no-save")
     return grads[3], [x for step, x in alphas if step == 3]
+
+
+@pytest.mark.parametrize("method", ["npo", "dpo", "rmu", "undial"])
+def test_every_frozen_model_output_splits_by_micro_batch(tiny_model_path, tmp_path, method):
+    """The frozen model's outputs (NPO's and DPO's sequence scores, RMU's hooked hidden states, UNDIAL's
+    per-token logits) are cut with the pass's rows: one pass of 16 rows gives one pass each's gradients."""
+    one_each, _ = fourth_step(tiny_model_path, tmp_path / "p4", method, 4)
+    shared, _ = fourth_step(tiny_model_path, tmp_path / "p16", method, 16)
+    for a, b in zip(shared, one_each):
+        assert (a - b).norm() <= 1e-5 * b.norm() + 1e-12, (method, (a - b).norm() / b.norm())
 
 
 @pytest.mark.parametrize("method", ["jensunpp", "graddiff", "pdu"])
