@@ -129,15 +129,15 @@ def probe_queries(topic, root, word):
     (a filter tied to the token of the capitalised word answers the second). Set "probe"."""
     d = data.load_topic(topic, root)
     pattern = re.compile(rf"\b{re.escape(word)}\b")
-    rows = [r for name in ("retain_train", "retain_eval") for r in d[name]
+    rows = [(name, r) for name in ("retain_train", "retain_eval") for r in d[name]
             if data.category(r["label"])[0] == "Lexical" and pattern.search(r["question"])]
     if not rows:
         raise data.UserError(f"--probe {word}: no Lexical question of {topic} in {root} contains it")
     out = []
-    for r in rows:
+    for name, r in rows:
         for variant in PROBE_VARIANTS:
             question = r["question"] if variant == "as written" else pattern.sub(word.lower(), r["question"])
-            out.append({"id": f"{topic}|probe|{r['label']}|{r['question'][:40]}|{variant}", "topic": topic,
+            out.append({"id": f"{topic}|probe|{name}:{r['_line']}|{variant}", "topic": topic,
                         "set": "probe", "label": r["label"], "fact": None, "qtype": "Lexical", "variant": variant,
                         "format": "alone", "context": [], "question": question, "ground_truth": r["answer"],
                         "aliases": r.get("aliases", [])})
