@@ -489,10 +489,10 @@ def relearn_band(files, spec, flag="--relearn-set"):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", arg)
         if not m or int(m.group(2) or m.group(1)) < int(m.group(1)) or int(m.group(2) or m.group(1)) > 15:
             raise UserError(f"{flag} {spec}: give tiers:A or tiers:A-B with 0 <= A <= B <= 15 (e.g. tiers:1-2)")
-        low, high = int(m.group(1)), int(m.group(2) or m.group(1))
+        band = range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1)
         rows = [r for name, tiers in (("retain_train", range(0, 11)), ("retain_eval", range(11, 16)))
-                for r in files[name] if category(r["label"])[0] == "Semantic" and category(r["label"])[1] in tiers
-                and low <= category(r["label"])[1] <= high]
+                for r in files[name] if category(r["label"])[0] == "Semantic"
+                and category(r["label"])[1] in set(tiers) & set(band)]
     elif kind == "forget" and arg:
         facts = set(parse_facts(arg, flag))
         rows = [r for r in files["forget_train"] if fact_of(r["label"])[0] in facts]

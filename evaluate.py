@@ -679,6 +679,7 @@ def parse_args(argv=None):
             args.data_root = str(data.LKF_ROOT)
         args.sets = [s for s in args.sets if s != "adversarial"]
         args.probe = args.probe or "Challenger"
+    args.probe_root = data.DEFAULT_ROOT if args.protocol == "lkf" else args.data_root   # LKF* has no Lexical rows
     if data.is_lkf_root(args.data_root) != (args.protocol == "lkf"):
         raise data.UserError(f"--data-root {args.data_root}: an LKF* root goes with --protocol lkf, and only it")
     if args.topics == ["all"]:
@@ -705,7 +706,7 @@ def check_inputs(args, stages, base):
     for topic in args.topics:
         data.load_topic(topic, args.data_root)
         if args.probe:
-            probe_queries(topic, data.DEFAULT_ROOT if args.protocol == "lkf" else args.data_root, args.probe)
+            probe_queries(topic, args.probe_root, args.probe)
     if "mmlu" not in args.skip:
         utility.read_mmlu(args.mmlu_file)
     if "rep" not in args.skip or "rgq" not in args.skip:
@@ -752,9 +753,8 @@ def evaluate_all(args, judge_module):
     summary, folders = {}, {}
     queries = [q for topic in args.topics for q in build_queries(topic, args.data_root, args.seed, args.limit)
                if q["set"] in args.sets]
-    if args.probe:                          # the lexical probe reads SUITE's Lexical rows (an LKF* root has none)
-        probe_root = data.DEFAULT_ROOT if args.protocol == "lkf" else args.data_root
-        queries += [q for topic in args.topics for q in probe_queries(topic, probe_root, args.probe)]
+    if args.probe:
+        queries += [q for topic in args.topics for q in probe_queries(topic, args.probe_root, args.probe)]
     for q in queries:
         q["protocol"] = args.protocol
     options = dict(mmlu_file=args.mmlu_file, mmlu_n=args.mmlu_n, seed=args.seed, instructions=args.instructions,

@@ -194,11 +194,11 @@ for m in '$SMALL_METHODS'.split():
   stop_mps
 }
 
-# block proximity: the unlearning methods, the injected model they start from, the relearning arms (train.py
+# block proximity: the unlearning methods and the relearning arms (train.py
 # --relearn-set; nearest to farthest from the forget topic); the methods start from their SMALL_PICKS.
 PROX_METHODS=${PROX_METHODS:-"jensunpp dpo npo"}
-PROX_MODEL=${PROX_MODEL:-$RUNS/small/injected/final}
 PROX_ARMS=${PROX_ARMS:-"forget_train forget:K1-K5 tiers:0 tiers:1-2 tiers:3-4 tiers:5-6 tiers:7-8 tiers:9-10 tiers:11-12 tiers:13-14 lexical syntax gk retain_train"}
+SMALL_MODEL=${SMALL_MODEL:-$RUNS/small/injected/final}      # blocks proximity and lkf_small: block small's injected SmolLM2
 # The picks of block small on the injected SmolLM2 (RESULTS.md, run D, Challenger): blocks proximity and lkf_small
 # start from them (a pick that block small's sweep selected in $RUNS/small/sweep/M.selected wins).
 declare -A SMALL_PICKS=([jensunpp]="--lr 9e-05 --lambda-f 2 --lambda-r 1" [dpo]="--lr 3e-05 --lambda-f 1 --lambda-r 1"
@@ -218,7 +218,7 @@ block_proximity() {
   # the forget answers' NLL against the unlearned model. Heuristic judge, chat format; resumable.
   local out=$RUNS/proximity m d a arm lrs="" relearn_lr evals=""
   local eval_args="--judge heuristic --prompt-format $SMALL_PROMPT --batch-size 256 --topics challenger_disaster"
-  [ $DRY = 1 ] || [ -f "$PROX_MODEL/config.json" ] || { echo "block proximity: no model at $PROX_MODEL (run block small's part inject, or set PROX_MODEL)"; return 1; }
+  [ $DRY = 1 ] || [ -f "$SMALL_MODEL/config.json" ] || { echo "block proximity: no model at $SMALL_MODEL (run block small's part inject, or set SMALL_MODEL)"; return 1; }
   [ $DRY = 1 ] || { trap small_cleanup EXIT; mkdir -p "$out"; }
   local -A picks=()
   for m in $PROX_METHODS; do
@@ -230,7 +230,7 @@ block_proximity() {
   start_mps
   for m in $PROX_METHODS; do        # the unlearned models, side by side
     d=$out/$m
-    echo "[ -f $d/eval/final/metrics.json ] || { python train.py --method $m --model $PROX_MODEL --topics challenger_disaster ${picks[$m]} $SMALL_TRAIN_ARGS --print-every 60 --out $d > $d.log 2>&1 && python evaluate.py $d $eval_args --skip mmlu rep rgq >> $d.log 2>&1; }"
+    echo "[ -f $d/eval/final/metrics.json ] || { python train.py --method $m --model $SMALL_MODEL --topics challenger_disaster ${picks[$m]} $SMALL_TRAIN_ARGS --print-every 60 --out $d > $d.log 2>&1 && python evaluate.py $d $eval_args --skip mmlu rep rgq >> $d.log 2>&1; }"
   done | pool || echo "the arms start from the methods that finished"
   for m in $PROX_METHODS; do        # every arm from its method's unlearned checkpoint, independently
     d=$out/$m
@@ -274,21 +274,21 @@ print('--lr %.2g --lambda-f %g --lambda-r %g' % (pick * lkf['lr'] / suite['lr'],
 }
 
 block_lkf_small() {
-  # The LKF* experiment at small scale: block lkf's runs on the injected SmolLM2 ($PROX_MODEL), heuristic judge,
+  # The LKF* experiment at small scale: block lkf's runs on the injected SmolLM2 ($SMALL_MODEL), heuristic judge,
   # chat format, side by side ($JOBS, $GPUS). SUITE-trained runs use the method's pick (SMALL_PICKS); LKF*-trained
   # ones the LKF* table's loss factors and its learning rate times the pick's factor over the SUITE table's LR
   # (the paper tuned each dataset apart; this carries its LKF*/SUITE ratio over to the small model).
   local out=$RUNS/lkf_small m pick lr args=""
   local eval_args="--judge heuristic --prompt-format $SMALL_PROMPT --batch-size 256 --skip mmlu rep rgq"
-  [ $DRY = 1 ] || [ -f "$PROX_MODEL/config.json" ] || { echo "block lkf_small: no model at $PROX_MODEL (run block small's part inject, or set PROX_MODEL)"; return 1; }
+  [ $DRY = 1 ] || [ -f "$SMALL_MODEL/config.json" ] || { echo "block lkf_small: no model at $SMALL_MODEL (run block small's part inject, or set SMALL_MODEL)"; return 1; }
   [ $DRY = 1 ] || { trap small_cleanup EXIT; mkdir -p "$out"; }
   start_mps
   {
-    echo "[ -f $out/base/eval_lkf/final/metrics.json ] || { python evaluate.py $PROX_MODEL $eval_args --protocol lkf --out $out/base/eval_lkf/final && python evaluate.py $PROX_MODEL $eval_args --topics challenger_disaster --out $out/base/eval/final; } > $out/base.log 2>&1"
+    echo "[ -f $out/base/eval_lkf/final/metrics.json ] || { python evaluate.py $SMALL_MODEL $eval_args --protocol lkf --out $out/base/eval_lkf/final && python evaluate.py $SMALL_MODEL $eval_args --topics challenger_disaster --out $out/base/eval/final; } > $out/base.log 2>&1"
     for m in $LKF_METHODS; do
       pick=$(small_pick "$m"); lr=${pick#--lr }; lr=${lr%% *}
-      echo "[ -f $out/$m-lkf/eval/final/metrics.json ] || { python train.py --method $m --model $PROX_MODEL --recipe lkf $(lkf_small_flags "$m" "$lr") $SMALL_TRAIN_ARGS --print-every 60 --out $out/$m-lkf && python evaluate.py $out/$m-lkf $eval_args --protocol lkf && python evaluate.py $out/$m-lkf $eval_args --topics challenger_disaster; } > $out/$m-lkf.log 2>&1"
-      echo "[ -f $out/$m-suite/eval/final/metrics.json ] || { python train.py --method $m --model $PROX_MODEL --topics challenger_disaster $pick $SMALL_TRAIN_ARGS --print-every 60 --out $out/$m-suite && python evaluate.py $out/$m-suite $eval_args --topics challenger_disaster; } > $out/$m-suite.log 2>&1"
+      echo "[ -f $out/$m-lkf/eval/final/metrics.json ] || { python train.py --method $m --model $SMALL_MODEL --recipe lkf $(lkf_small_flags "$m" "$lr") $SMALL_TRAIN_ARGS --print-every 60 --out $out/$m-lkf && python evaluate.py $out/$m-lkf $eval_args --protocol lkf && python evaluate.py $out/$m-lkf $eval_args --topics challenger_disaster; } > $out/$m-lkf.log 2>&1"
+      echo "[ -f $out/$m-suite/eval/final/metrics.json ] || { python train.py --method $m --model $SMALL_MODEL --topics challenger_disaster $pick $SMALL_TRAIN_ARGS --print-every 60 --out $out/$m-suite && python evaluate.py $out/$m-suite $eval_args --topics challenger_disaster; } > $out/$m-suite.log 2>&1"
     done
   } | pool || echo "the tables hold the runs that finished"
   for m in $LKF_METHODS; do args+=" $m=$out/$m-lkf/eval_lkf/final,$out/$m-lkf/eval/final,$out/$m-suite/eval/final"; done
