@@ -105,11 +105,11 @@ def test_gradient_accumulation_equivalence(tiny_model_path, tmp_path):
     assert graddiff[0] != pytest.approx(graddiff[1], rel=1e-6)      # a token mean over 4 is not the mean of two over 2
 
 
-def fourth_step(tiny, out, method, physical, batch_size=4):
-    """Four optimizer steps at a global batch of 16 on the 36 fixture pairs (16, 16, 4, then 16): the
-    gradients of the fourth (read where they are clipped; 0 where a loss leaves a parameter out, as RMU's
-    does the layers after its hook) and its alpha of each loss micro-batch (eq. 4;
-    the first step's learning rate is 0, so until the third the policy is the frozen model and alpha 1)."""
+def last_step(tiny, out, method, physical, batch_size=4, steps=4):
+    """`steps` optimizer steps at a global batch of 16 on the 36 fixture pairs (16, 16, 4, then 16): the
+    gradients of the last (read where they are clipped; 0 where a loss leaves a parameter out, as RMU's
+    does the layers after its hook) and its alpha of each loss micro-batch (eq. 4; the first step's
+    learning rate is 0, so until the third the policy is the frozen model and alpha 1: the fourth has both)."""
     grads, alphas = [], []
     clip, balance = torch.nn.utils.clip_grad_norm_, train.balance_alpha
     with pytest.MonkeyPatch.context() as m:
@@ -118,17 +118,19 @@ def fourth_step(tiny, out, method, physical, batch_size=4):
                                                         for p in params]) or clip(params, *a, **k))
         m.setattr(train, "balance_alpha",
                   lambda *a: alphas.extend((len(grads), x) for x in balance(*a).tolist()) or balance(*a))
-        run(tiny, out, method, "--lr", "1e-2", "--max-steps", "4", "--global-batch", "16",
+        run(tiny, out, method, "--lr", "1e-2", "--max-steps", str(steps), "--global-batch", "16",
             "--batch-size", str(batch_size), "--physical-batch", str(physical), "--no-save")
-    return grads[3], [x for step, x in alphas if step == 3]
+    return grads[steps - 1], [x for step, x in alphas if step == steps - 1]
 
 
 @pytest.mark.parametrize("method", ["npo", "dpo", "rmu", "undial"])
 def test_every_frozen_model_output_splits_by_micro_batch(tiny_model_path, tmp_path, method):
     """The frozen model's outputs (NPO's and DPO's sequence scores, RMU's hooked hidden states, UNDIAL's
-    per-token logits) are cut with the pass's rows: one pass of 16 rows gives one pass each's gradients."""
-    one_each, _ = fourth_step(tiny_model_path, tmp_path / "p4", method, 4)
-    shared, _ = fourth_step(tiny_model_path, tmp_path / "p16", method, 16)
+    per-token logits) are cut with the pass's rows: one pass of 16 rows gives one pass each's gradients
+    (the first step's: no alpha to wait for, and none of these losses has a zero gradient at the frozen model)."""
+    one_each, _ = last_step(tiny_model_path, tmp_path / "p4", method, 4, steps=1)
+    shared, _ = last_step(tiny_model_path, tmp_path / "p16", method, 16, steps=1)
+    assert all(g.norm() > 0 for g in one_each[:1])
     for a, b in zip(shared, one_each):
         assert (a - b).norm() <= 1e-5 * b.norm() + 1e-12, (method, (a - b).norm() / b.norm())
 
@@ -140,15 +142,15 @@ def test_loss_micro_batches_sharing_a_pass_equal_one_pass_each(tiny_model_path, 
     retain NLL), its own alpha (JensUn++) and its own dual step (PDU, warm-up cut to 0 so that lambda_r
     moves between micro-batches). One loss micro-batch of 16 is another objective, and the test sees it."""
     monkeypatch.setitem(losses.METHOD_CONSTANTS, "pdu", {**losses.METHOD_CONSTANTS["pdu"], "pdu_warmup_epochs": 0})
-    grads, alphas = fourth_step(tiny_model_path, tmp_path / "p4", method, 4)
+    grads, alphas = last_step(tiny_model_path, tmp_path / "p4", method, 4)
     assert len(alphas) == (4 if method == "jensunpp" else 0)
     assert len(set(alphas)) == len(alphas) and all(a > 0 for a in alphas)     # four different ratios
     for physical in (8, 16):
-        shared_grads, shared_alphas = fourth_step(tiny_model_path, tmp_path / f"p{physical}", method, physical)
+        shared_grads, shared_alphas = last_step(tiny_model_path, tmp_path / f"p{physical}", method, physical)
         assert shared_alphas == pytest.approx(alphas, rel=1e-5)
         for a, b in zip(shared_grads, grads):          # fp32 rounding of other matmul shapes: ~1e-7 of the norm
             assert (a - b).norm() <= 1e-5 * b.norm(), (physical, (a - b).norm() / b.norm())
-    merged, _ = fourth_step(tiny_model_path, tmp_path / "b16", method, 16, batch_size=16)
+    merged, _ = last_step(tiny_model_path, tmp_path / "b16", method, 16, batch_size=16)
     assert any(not torch.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(merged, grads))
 
 
