@@ -297,19 +297,21 @@ def full_sequence(prompt, answer):
     return {"ids": ids, "targets": ids[1:], "answer_len": len(answer)}
 
 
-def collate(seqs, pad_id, scheme="uniform", min_k=0, shape=None):
+def collate(seqs, pad_id, scheme="uniform", min_k=0, shape=None, multiple=1):
     """Left-pad sequences into one batch. Returns input_ids, attention_mask, position_ids (B, T),
     labels, weights and answer_mask (B, K) for the last K positions (K = the longest supervised span,
     at least min_k so that reference outputs line up with the policy's): logits of position T-K-1+k
     predict labels[:, k]. answer_mask marks the answer's targets (all targets unless a sequence gives
     `answer_len`). shape=(T, K) pads every batch to exactly that (one shape for a compiled model;
-    padding is masked, so the losses do not change)."""
+    padding is masked, so the losses do not change). `multiple`: T rounded up to a multiple of it (8:
+    aligned GEMM shapes for attention's bmm on a GPU; more left padding, same losses)."""
     K = max([min_k] + [len(s["targets"]) for s in seqs])
     T = max([K + 1] + [len(s["ids"]) for s in seqs])          # K + 1 kept positions must exist
     if shape is not None:
         if T > shape[0] or K > shape[1]:
             raise ValueError(f"collate: a batch of (T={T}, K={K}) does not fit the fixed shape {tuple(shape)}")
         T, K = shape
+    T = -(-T // multiple) * multiple
     B = len(seqs)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, T), dtype=torch.long)

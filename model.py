@@ -511,12 +511,13 @@ def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None
     the (N, K + 1, V) logits they are slices of, and the number of real tokens processed.
     `shape`: the (B, T, K) of a compiled model: every view is filled up to B rows with copies of its first
     sequence (their outputs are dropped: the last, smaller step of an epoch must not compile a new graph)
-    and collated to (T, K); T and K None keep the batch's own lengths (compiled blocks, dynamic shapes)."""
+    and collated to (T, K); T and K None keep the batch's own lengths (compiled blocks, dynamic shapes),
+    rounded up to a multiple of 8 (BENCHMARKS.md: unaligned lengths ran attention on slow bmm kernels)."""
     names = list(seqs_by_view)
     rows_per_view = {n: shape[0] if shape else len(seqs_by_view[n]) for n in names}
     flat = [s for n in names for s in seqs_by_view[n] + seqs_by_view[n][:1] * (rows_per_view[n] - len(seqs_by_view[n]))]
     fixed = shape[1:] if shape and shape[1] is not None else None
-    batch = {k: v.to(device) for k, v in data.collate(flat, pad_id, scheme, min_k, fixed).items()}
+    batch = {k: v.to(device) for k, v in data.collate(flat, pad_id, scheme, min_k, fixed, multiple=8).items()}
     K = batch["labels"].shape[1]
     captured = {}
     handle = None

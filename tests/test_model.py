@@ -161,6 +161,15 @@ def test_padding_to_the_stage_shape_leaves_the_loss_unchanged(tiny_model_path):
     assert summed[(8, None, None)] == pytest.approx(summed[None], rel=1e-5)   # --compile blocks: rows filled only
     assert data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=(T, K))["input_ids"].shape == (6, T)
     assert summed[(8, T, K)] == pytest.approx(summed[None], rel=1e-5)
+    # lengths rounded up to a multiple of 8 (aligned GEMMs on a GPU): more left padding, the same loss as none
+    tight = data.collate(seqs["mixed"], tokenizer.pad_token_id, "jensunpp")
+    padded = data.collate(seqs["mixed"], tokenizer.pad_token_id, "jensunpp", multiple=8)
+    assert padded["input_ids"].shape[1] % 8 == 0 and tight["input_ids"].shape[1] < padded["input_ids"].shape[1] < tight["input_ids"].shape[1] + 8
+    with torch.no_grad():
+        logits = model(input_ids=tight["input_ids"], attention_mask=tight["attention_mask"],
+                       position_ids=tight["position_ids"], logits_to_keep=tight["labels"].shape[1] + 1).logits
+    unpadded = float((losses.token_logprobs(logits[:, :-1].float(), tight["labels"]) * tight["weights"]).sum())
+    assert summed[None] == pytest.approx(unpadded, rel=1e-5)        # forward_views pads to a multiple of 8
     with pytest.raises(ValueError, match="does not fit the fixed shape"):
         data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=(T, 2))
 
