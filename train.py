@@ -132,12 +132,11 @@ def setup_distributed():
     return rank, world, torch.device("cpu")
 
 
-def shard_model(model, device, bf16, reshard_after_forward=False):
+def shard_model(model, device, bf16):
     """FSDP2: one group per decoder block, the embeddings/final norm/head grouped (tied embeddings
     must live in one group), root last. bf16 parameters for compute, fp32 master weights and fp32
-    gradient reduction. reshard_after_forward=False keeps each block's gathered bf16 parameters from
-    its forward to its backward (one all-gather per block and pass, not two; memory: one bf16 copy
-    of the model per rank, which gradient accumulation holds anyway, see fsdp_accumulate)."""
+    gradient reduction. A block's parameters are gathered again for its backward: keeping them from
+    the forward ran no faster on 2 H200s and took 5.3 GB more per card (BENCHMARKS.md)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
@@ -145,7 +144,7 @@ def shard_model(model, device, bf16, reshard_after_forward=False):
     block_names = set(model._no_split_modules or [])
     for module in model.modules():
         if type(module).__name__ in block_names:
-            fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+            fully_shard(module, mesh=mesh, mp_policy=mp)
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     norm = model.get_decoder().norm
     if head is not None and head.weight is embed.weight:
@@ -392,7 +391,7 @@ class Trainer:
         if self.spec.get("setup"):
             self.spec["setup"](model, self.hp, args.seed)
         if self.world > 1:
-            model = shard_model(model.to(device), device, self.bf16, args.reshard_after_forward)
+            model = shard_model(model.to(device), device, self.bf16)
         compute = copy.deepcopy(model).to(torch.bfloat16) if self.bf16 and self.world == 1 else model
         compute.train()
         self.model, self.compute, self.ref = model, compute, ref
@@ -767,9 +766,6 @@ def parse_args(argv=None):
     p.add_argument("--compile", nargs="?", const="blocks", choices=["blocks", "graphs"],
                    help="GPU speed: torch.compile each decoder block (blocks, the default of a bare --compile), "
                         "or the whole model for padded fixed shapes, replayed as CUDA graphs (graphs; one GPU)")
-    p.add_argument("--reshard-after-forward", action="store_true",
-                   help="FSDP: free each block's gathered parameters after its forward and gather them again for "
-                        "the backward (less memory, one more all-gather per block and pass)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels where torch has them (torch.use_deterministic_algorithms; others "
