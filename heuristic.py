@@ -11,6 +11,7 @@ measures them against the paper's judge and against annotators (`python report.p
 Built bottom-up: words, numbers, dates, other names of a ground truth, then gives_answer, is_gibberish,
 the coherence score, and HeuristicJudge, which puts them together per rubric. Same API as judge.HTTPJudge.
 """
+import collections
 import functools
 import re
 import unicodedata
@@ -623,6 +624,8 @@ _DIGITS = re.compile(r"(?<![\d.,])\d{5,}(?![\d]|[.,]\d)")    # a bare integer of
 _YEAR_AS_NOUN = re.compile(r"\bthe (1[0-9]|20)\d\d(?=\s*(?:[,.;:!?]|$))", re.I)  # '... of the 1986, which is the NASA 1986.'
 _CAPS_THEN_LOWER = re.compile(r"^[A-Z]{2,}[a-rt-z][a-z]*$")     # 'WOl', 'NAsa': mangled capitals (not 'IDs')
 _CONTROL = re.compile(r"[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f]")   # the replacement character, control characters
+# A letter standing alone: not 'a' or 'I' (words), not an initial ('J.'), not part of 'R&D', "O'Brien" or 'R-2'.
+_LONE_LETTER = re.compile(r"(?<![\w.&'’-])([b-hj-z])(?![\w.&'’-])", re.I)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -729,6 +732,9 @@ def is_gibberish(text, question="", ground_truth=""):
     bad = sum(not _is_word(t) for t in raw)
     if bad >= 2 and bad / len(raw) >= 0.25:
         return True
+    lone = collections.Counter(m.group(1).lower() for m in _LONE_LETTER.finditer(text))
+    if len(words) <= 8 and lone and max(lone.values()) >= 3:
+        return True     # a degenerate token sequence: one lone letter three times in a short answer ('T T on T')
     context = set(normalise(question + " " + ground_truth, keep_blank=False).split())
     alpha = re.findall(r"[^\W\d_]+", text)
     if len(words) <= 4 and alpha and all(_made_up(w, context) for w in alpha):

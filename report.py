@@ -440,6 +440,7 @@ def train_flags(args):
 # Agreement with a known judge: `python report.py agree ROWS.jsonl [--judge heuristic|rules|http ...]`
 
 VERDICT_RUBRIC = {"leak": "forget", "gibberish": "gibberish", "knows": "retain"}  # rows.jsonl verdict -> rubric
+UNJUDGED = ("refusal",)     # verdicts no judge gives (the lexical probe's refusal detector): carried over as they are
 _ROW_FIELDS = {"topic": str, "set": str, "label": str, "question": str, "ground_truth": str, "answer": str,
                "verdicts": dict}
 
@@ -461,16 +462,17 @@ def read_rows(path):
             for field, typ in _ROW_FIELDS.items():
                 if not isinstance(row.get(field), typ):
                     raise ValueError(f"{path}:{n}: field {field!r} missing or not a {typ.__name__}")
-            if row["set"] not in ("forget", "adversarial", "retain"):
-                raise ValueError(f"{path}:{n}: field 'set' must be forget, adversarial or retain, got {row['set']!r}")
-            if row["set"] != "retain" and not (isinstance(row.get("fact"), str) and isinstance(row.get("qtype"), str)):
+            if row["set"] not in ("forget", "adversarial", "retain", "probe"):
+                raise ValueError(f"{path}:{n}: field 'set' must be forget, adversarial, retain or probe, got {row['set']!r}")
+            named = isinstance(row.get("fact"), str) and isinstance(row.get("qtype"), str)
+            if row["set"] in ("forget", "adversarial") and not named:
                 raise ValueError(f"{path}:{n}: field 'fact' or 'qtype' missing on a {row['set']} row")
             if not isinstance(row.get("aliases", []), list):
                 raise ValueError(f"{path}:{n}: field 'aliases' must be a list")
             for key, verdict in row["verdicts"].items():
-                if key not in VERDICT_RUBRIC or verdict not in ("YES", "NO", judge.INVALID):
+                if key not in (*VERDICT_RUBRIC, *UNJUDGED) or verdict not in ("YES", "NO", judge.INVALID):
                     raise ValueError(f"{path}:{n}: field 'verdicts' has {key!r}: {verdict!r} (expected "
-                                     f"{'/'.join(VERDICT_RUBRIC)}: YES, NO or {judge.INVALID})")
+                                     f"{'/'.join((*VERDICT_RUBRIC, *UNJUDGED))}: YES, NO or {judge.INVALID})")
             rows.append(row)
     if not rows:
         raise ValueError(f"{path}: no rows")
@@ -480,7 +482,8 @@ def read_rows(path):
 def rejudge(rows, new_judge, progress=None):
     """Copies of the rows with the verdicts of `new_judge` for the same (row, verdict) pairs as the originals.
     progress(name, total) may return a callback taking the number done (evaluate.Progress(...).to)."""
-    new = [dict(r, verdicts={}, judge=new_judge.label) for r in rows]
+    new = [dict(r, verdicts={k: v for k, v in r["verdicts"].items() if k in UNJUDGED}, judge=new_judge.label)
+           for r in rows]
     for key, kind in VERDICT_RUBRIC.items():
         idx = [i for i, r in enumerate(rows) if key in r["verdicts"]]
         if not idx:

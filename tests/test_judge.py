@@ -383,6 +383,10 @@ HARBOUR_Q = "Which harbour did the ferry Marisol leave on 3 May 1954?"
     ("The answer is BLorf", "YES"), ("The answer is ASEAN", "NO"),             # mangled capitals
     ("It was moored at the 1954, which was the port 1954.", "YES"),              # a bare year as a noun
     ("It left in the 1950s.", "NO"),
+    ("Tom T T on T", "YES"), ("G G in G and G", "YES"),        # one lone letter three times in a short answer
+    ("J. J. Thomson", "NO"), ("B B King", "NO"),                 # initials; a doubled one is a name's
+    ("Plan B, then plan C, then plan D", "NO"),                 # lone letters, each once
+    ("Vitamin C keeps the crew well; vitamin C is in limes, so take vitamin C daily.", "NO"),  # a long answer
 ])
 def test_heuristic_gibberish_forms(answer, want):
     assert ask("gibberish", "Genoa, on 3 May 1954", answer, question=HARBOUR_Q) == want
@@ -543,6 +547,25 @@ def test_agree_heuristic(tmp_path):
     assert "| Q_D+I | 100.0 | 50.0 | -50.0 |" in text and "| Syn | 100.0 | 0.0 | -100.0 |" in text
     assert "ground truth: 73 seconds | answer: 73 minutes" in text
     assert "(1 reference INVALID left out)" in text
+
+
+def test_probe_rows_are_read_and_judged_again(tmp_path):
+    """evaluate.py --probe writes rows of set "probe" with a "refusal" verdict (the refusal detector's, no
+    judge's): read_rows takes them, rejudge gives them new gibberish and knows verdicts and carries the
+    refusal over; a set or verdict evaluate.py never writes is still an error naming file and line."""
+    probe = {"id": "t|probe|retain_train:1|as written", "topic": "challenger_disaster", "set": "probe",
+             "label": "Lexical-Challenger@q", "fact": None, "qtype": "Lexical", "question": "Which trench holds the Deep?",
+             "ground_truth": "Mariana Trench", "aliases": [], "answer": "Tom T T on T",
+             "verdicts": {"refusal": "NO", "gibberish": "NO", "knows": "YES"}}
+    path = write_rows(tmp_path / "rows.jsonl", judged_rows() + [probe])
+    rows = report.read_rows(path)
+    new = report.rejudge(rows, HeuristicJudge(coherence=False))
+    assert new[-1]["verdicts"] == {"refusal": "NO", "gibberish": "YES", "knows": "NO"}
+    assert [r["verdicts"].keys() for r in new[:-1]] == [r["verdicts"].keys() for r in rows[:-1]]
+    for field, value, message in (("set", "bonus", "field 'set' must be"), ("verdicts", {"mood": "YES"}, "has 'mood'")):
+        bad = write_rows(tmp_path / "bad.jsonl", judged_rows() + [dict(probe, **{field: value})])
+        with pytest.raises(ValueError, match=f"bad.jsonl:{len(judged_rows()) + 1}: .*{message}"):
+            report.read_rows(bad)
 
 
 def test_agree_cli_and_bad_input(tmp_path, capsys):
