@@ -477,6 +477,15 @@ def parse_facts(spec, flag="--relearn-set"):
     return facts
 
 
+def parse_tiers(arg, flag="--relearn-set"):
+    """'1-2' -> (1, 2), '0' -> (0, 0): a band of semantic tiers A <= B within 0-15."""
+    m = re.fullmatch(r"(\d+)(?:-(\d+))?", arg)
+    low, high = (int(m.group(1)), int(m.group(2) or m.group(1))) if m else (1, 0)
+    if not low <= high <= 15:
+        raise UserError(f"{flag} tiers:{arg}: give tiers:A or tiers:A-B with 0 <= A <= B <= 15 (e.g. tiers:1-2)")
+    return low, high
+
+
 def relearn_band(files, spec, flag="--relearn-set"):
     """The rows of one relearning arm (`spec`, one of RELEARN_SETS) in a topic's files; a clear error
     for a malformed spec or an empty band."""
@@ -488,13 +497,10 @@ def relearn_band(files, spec, flag="--relearn-set"):
     if spec in ("gk", "lexical", "syntax"):
         rows = [r for r in files["retain_train"] if category(r["label"])[0].lower() == spec]
     elif kind == "tiers":
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", arg)
-        if not m or int(m.group(2) or m.group(1)) < int(m.group(1)) or int(m.group(2) or m.group(1)) > 15:
-            raise UserError(f"{flag} {spec}: give tiers:A or tiers:A-B with 0 <= A <= B <= 15 (e.g. tiers:1-2)")
-        band = range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1)
+        low, high = parse_tiers(arg, flag)
         rows = [r for name, tiers in (("retain_train", range(0, 11)), ("retain_eval", range(11, 16)))
-                for r in files[name] if category(r["label"])[0] == "Semantic"
-                and category(r["label"])[1] in set(tiers) & set(band)]
+                for r in files[name] if (c := category(r["label"]))[0] == "Semantic"
+                and c[1] in tiers and low <= c[1] <= high]
     elif kind == "forget" and arg:
         facts = set(parse_facts(arg, flag))
         rows = [r for r in files["forget_train"] if fact_of(r["label"])[0] in facts]

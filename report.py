@@ -261,7 +261,7 @@ def arm_distance(spec):
     if kind == "forget" or spec == "forget_train":
         return (0, 0 if spec == "forget_train" else 1), "forget (all)" if spec == "forget_train" else f"forget {arg}"
     if kind == "tiers":
-        return (1, int(arg.split("-")[0])), "s" + arg
+        return (1, data.parse_tiers(arg)[0]), "s" + arg
     order = {"lexical": 2, "syntax": 3, "gk": 4, "retain_train": 5}
     return (order.get(spec, 6), 0), {"retain_train": "all retain (paper)", "gk": "GK"}.get(spec, spec)
 
@@ -299,12 +299,17 @@ def held_out(arm):
     return set(data.parse_facts(arg)) if kind == "forget" and arg else set()
 
 
-def forget_readout(e, skip):
-    """Forget rates of one evaluation over the facts not in `skip` (its single topic), and the mean change
-    of the forget answers' NLL against the model it started from (evaluate.py --base-eval; None without)."""
-    rows = [r for r in evaluate.read_jsonl_dict(e["dir"] / "rows.jsonl").values()
-            if r["set"] in ("forget", "adversarial") and r["fact"] not in skip]
-    m = evaluate.topic_metrics(rows)
+def forget_rows(e):
+    """The forget and adversarial rows of one evaluation (its rows.jsonl)."""
+    rows = evaluate.read_jsonl_dict(e["dir"] / "rows.jsonl").values()
+    return [r for r in rows if r["set"] in ("forget", "adversarial")]
+
+
+def forget_readout(e, rows, skip):
+    """Forget rates of one evaluation (`rows`: its forget_rows) over the facts not in `skip` (its single
+    topic), and the mean change of the forget answers' NLL against the model it started from
+    (evaluate.py --base-eval; None without)."""
+    m = evaluate.topic_metrics([r for r in rows if r["fact"] not in skip])
     path = e["dir"] / "nll" / "nll_records.csv"
     delta = None
     if path.is_file():
@@ -328,12 +333,14 @@ def proximity_table(args):
         "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     curves = {}
     for name, unlearned, arms in groups:
-        base = forget_readout(unlearned, set())
+        unlearned_rows = forget_rows(unlearned)                 # read once, read out on each arm's facts
+        base = forget_readout(unlearned, unlearned_rows, set())
         lines.append("| " + " | ".join([name, "none (the unlearned model)", str(base["facts"])] +
                                        [fmt_num(base[k]) for k in ("Q_D", "Q_D+I", "Q_R", "Q_All")] + ["", ""]) + " |")
         for arm in sorted(arms, key=lambda a: arm_distance(a["run"]["relearn_set"])[0]):
             spec, skip = arm["run"]["relearn_set"], held_out(arm)
-            after, before = forget_readout(arm, skip), forget_readout(unlearned, skip)
+            after = forget_readout(arm, forget_rows(arm), skip)
+            before = forget_readout(unlearned, unlearned_rows, skip)
             dq = None if after["Q_All"] is None or before["Q_All"] is None else after["Q_All"] - before["Q_All"]
             lines.append("| " + " | ".join([name, spec, str(after["facts"])] +
                                            [fmt_num(after[k]) for k in ("Q_D", "Q_D+I", "Q_R", "Q_All")] +
@@ -341,7 +348,7 @@ def proximity_table(args):
             curves.setdefault(name, []).append((arm_distance(spec), dq, after["dNLL"]))
     lines += missing_rows(missing, len(head))
     specs = [a["run"]["relearn_set"] for _, _, arms in groups for a in arms]
-    if any(spec.startswith("tiers:") and int(spec.split("-")[-1].split(":")[-1]) >= 11 for spec in specs):
+    if any(data.parse_tiers(spec.partition(":")[2])[1] >= 11 for spec in specs if spec.startswith("tiers:")):
         lines += ["", "Tiers 11-15 come from retain_eval: after their arm those rows are no longer unseen."]
     Path(args.out).write_text("\n".join(lines) + "\n")
     if curves:

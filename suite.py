@@ -510,12 +510,8 @@ def check_lkf_retain(found, usable):
                 if near_duplicate(ra["question"], rb["question"]):
                     found.flag(nb, rb, "question", f"near-duplicate of {na} line {ra['_line']} (the same question's wordings)")
         for r in evals:
-            slots[r["label"].rpartition("@")[2]].append((opener(r["question"]), r))
-    for v, items in slots.items():
-        words, n = collections.Counter(o for o, _ in items).most_common(1)[0]
-        if len(items) >= OPENER_MIN_ROWS and n > OPENER_MAX_SHARE * len(items):
-            found.flag("retain_eval", None, "question", f"{n} of the {len(items)} '{v}' wordings open with '{words}'; "
-                       f"at most {OPENER_MAX_SHARE:.0%} of a slot may share its first three words")
+            slots[("retain_eval", "question", r["label"].rpartition("@")[2])].append((opener(r["question"]), r))
+    flag_house_styles(found, slots)
 
 
 def check_counts(found, n_rows, usable, partial):
@@ -676,6 +672,12 @@ def check_openers(found, fr, train_wordings):
     for variants in train_wordings.values():
         for v, (text, row) in variants.items():
             slots[("forget_train", "question", v)].append((opener(text), row))
+    flag_house_styles(found, slots)
+
+
+def flag_house_styles(found, slots):
+    """{(file, field, variant): [(opener, row)]}: flag every opener that more than OPENER_MAX_SHARE of a
+    slot's wordings share (slots of fewer than OPENER_MIN_ROWS wordings are not judged)."""
     for (name, field, v), items in slots.items():
         if len(items) < OPENER_MIN_ROWS:
             continue
