@@ -315,19 +315,65 @@ def collate(seqs, pad_id, scheme="uniform", min_k=0, shape=None, multiple=1):
     B = len(seqs)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, T), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        n = len(s["ids"])
+        input_ids[b, T - n:] = torch.tensor(s["ids"])
+        attention_mask[b, T - n:] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+            **supervision(seqs, K, scheme)}
+
+
+def pack(seqs, pad_id, scheme="uniform", min_k=0, multiple=8, min_rows=1):
+    """Several sequences per row, for training: left padding wastes a third of a pass on SUITE (rows of
+    90 tokens on average padded to the longest, about 170; BENCHMARKS.md). Rows are L = the longest
+    sequence rounded up to `multiple`; sequences go first-fit in order of decreasing length, each with
+    its own positions from 0. Returns input_ids, position_ids and segments (R, L) (-1 on padding, else
+    the sequence's slot in its row: model.packed_attention_mask keeps sequences apart), `keep` (N, K + 1):
+    the flat index into the R * L positions of each sequence's last K + 1 positions (collate's kept
+    positions, in the input order; clamped to the sequence's first token where it is shorter, which
+    only unsupervised positions read), and labels, weights and answer_mask (N, K) as collate gives them.
+    `min_rows`: rows of padding added up to it (a compiled block specialises on a batch of one row)."""
+    K = max([min_k] + [len(s["targets"]) for s in seqs])
+    L = max([K + 1] + [len(s["ids"]) for s in seqs])
+    L = -(-L // multiple) * multiple
+    rows, where = [], [None] * len(seqs)                 # rows: [tokens used, sequences placed]
+    for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i]["ids"])):
+        n = len(seqs[i]["ids"])
+        r = next((r for r, row in enumerate(rows) if row[0] + n <= L), None)
+        if r is None:
+            r = len(rows)
+            rows.append([0, 0])
+        where[i] = (r, rows[r][0], rows[r][1])
+        rows[r][0] += n
+        rows[r][1] += 1
+    rows += [[0, 0]] * (min_rows - len(rows))
+    input_ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(rows), L), dtype=torch.long)
+    segments = torch.full((len(rows), L), -1, dtype=torch.long)
+    keep = torch.empty((len(seqs), K + 1), dtype=torch.long)
+    for i, (s, (r, start, slot)) in enumerate(zip(seqs, where)):
+        n = len(s["ids"])
+        input_ids[r, start:start + n] = torch.tensor(s["ids"])
+        position_ids[r, start:start + n] = torch.arange(n)
+        segments[r, start:start + n] = slot
+        keep[i] = r * L + start + (torch.arange(n - K - 1, n)).clamp(min=0)
+    return {"input_ids": input_ids, "position_ids": position_ids, "segments": segments, "keep": keep,
+            **supervision(seqs, K, scheme)}
+
+
+def supervision(seqs, K, scheme):
+    """labels, weights and answer_mask (N, K): each sequence's targets right-aligned in K positions."""
+    B = len(seqs)
     labels = torch.full((B, K), IGNORE, dtype=torch.long)
     weights = torch.zeros((B, K), dtype=torch.float32)
     answer_mask = torch.zeros((B, K), dtype=torch.float32)
     for b, s in enumerate(seqs):
-        n, m = len(s["ids"]), len(s["targets"])
-        input_ids[b, T - n:] = torch.tensor(s["ids"])
-        attention_mask[b, T - n:] = 1
+        m = len(s["targets"])
         labels[b, K - m:] = torch.tensor(s["targets"])
         weights[b, K - m:] = torch.tensor(token_weights(m, scheme))
         answer_mask[b, K - s.get("answer_len", m):] = 1
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-            "labels": labels, "weights": weights, "answer_mask": answer_mask}
+    return {"labels": labels, "weights": weights, "answer_mask": answer_mask}
 
 
 # ----------------------------------------------------------------------------------------------

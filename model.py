@@ -504,7 +504,40 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
     return answers
 
 
-def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None, min_k=0, shape=None):
+def to_device(tensor, device):
+    """A host tensor on `device` without stalling the host: a plain .to("cuda") waits until the stream has
+    drained (the copy is synchronous), so a copy made mid-step leaves the GPU idle while the host then
+    launches the next kernels. From pinned memory a non-blocking copy is queued like a kernel."""
+    if torch.device(device).type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def packable(config):
+    """Whether training may pack several sequences into a row (data.pack): only where every layer is full
+    softmax attention, which a block-diagonal mask keeps apart. Linear-attention layers (Qwen3.5's Gated
+    DeltaNet) would carry state from one sequence into the next, and the mask would replace a sliding
+    window; such models keep left padding."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return all(t == "full_attention" for t in types)
+    return getattr(config, "sliding_window", None) is None or getattr(config, "use_sliding_window", True) is False
+
+
+def packed_attention_mask(segments, dtype):
+    """The additive (R, 1, L, L) mask of packed rows: a position sees the earlier positions of its own
+    sequence (segments equal and >= 0); padding sees only itself, so that no row of the softmax is empty
+    (an empty row gave NaN gradients under SDPA; see train.build_models)."""
+    L = segments.shape[1]
+    causal = torch.ones(L, L, dtype=torch.bool, device=segments.device).tril()
+    same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] >= 0)
+    allowed = (same & causal) | torch.eye(L, dtype=torch.bool, device=segments.device)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=segments.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None, min_k=0, shape=None, pack=None):
     """One forward over all views concatenated (one big batch is faster than one pass per view).
     Returns {view: {"logits" (B, K, V) fp32 predicting the labels, "own_logits" (B, K, V) at the labels'
     own positions, "labels", "weights", "answer_mask"[, "hidden" (B, K, d) at the labels' own positions]}},
@@ -512,33 +545,46 @@ def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None
     `shape`: the (B, T, K) of a compiled model: every view is filled up to B rows with copies of its first
     sequence (their outputs are dropped: the last, smaller step of an epoch must not compile a new graph)
     and collated to (T, K); T and K None keep the batch's own lengths (compiled blocks, dynamic shapes),
-    rounded up to a multiple of 8 (BENCHMARKS.md: unaligned lengths ran attention on slow bmm kernels)."""
+    rounded up to a multiple of 8 (BENCHMARKS.md: unaligned lengths ran attention on slow bmm kernels).
+    `pack`: the compute dtype to pack the sequences into rows in (data.pack; the mask is made in it), in
+    place of left padding: the same logits, fewer padded positions (`shape` then fills no rows, but keeps
+    two rows at least). Only for a model that model.packable allows."""
     names = list(seqs_by_view)
-    rows_per_view = {n: shape[0] if shape else len(seqs_by_view[n]) for n in names}
+    rows_per_view = {n: shape[0] if shape and not pack else len(seqs_by_view[n]) for n in names}
     flat = [s for n in names for s in seqs_by_view[n] + seqs_by_view[n][:1] * (rows_per_view[n] - len(seqs_by_view[n]))]
-    fixed = shape[1:] if shape and shape[1] is not None else None
-    batch = {k: v.to(device) for k, v in data.collate(flat, pad_id, scheme, min_k, fixed, multiple=8).items()}
+    captured, handles = {}, []
+    if pack:
+        packed = data.pack(flat, pad_id, scheme, min_k, multiple=8, min_rows=2 if shape else 1)
+        batch = {k: to_device(v, device) for k, v in packed.items()}
+        inputs = {"attention_mask": packed_attention_mask(batch["segments"], pack), "logits_to_keep": 0}
+        keep = batch["keep"]
+        # The head sees only the kept positions: (R, L, d) -> (N, K + 1, d) before the output projection.
+        handles.append(model.get_output_embeddings().register_forward_pre_hook(
+            lambda module, args: (args[0].flatten(0, 1)[keep],) + tuple(args[1:])))
+    else:
+        fixed = shape[1:] if shape and shape[1] is not None else None
+        batch = {k: to_device(v, device) for k, v in data.collate(flat, pad_id, scheme, min_k, fixed, multiple=8).items()}
+        inputs = {"attention_mask": batch["attention_mask"], "logits_to_keep": batch["labels"].shape[1] + 1}
     K = batch["labels"].shape[1]
-    captured = {}
-    handle = None
     if hidden_layer is not None:
         def hook(module, args, output):
             captured["h"] = output[0] if isinstance(output, tuple) else output
-        handle = hidden_layer.register_forward_hook(hook)
+        handles.append(hidden_layer.register_forward_hook(hook))
     try:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       position_ids=batch["position_ids"], logits_to_keep=K + 1, use_cache=False).logits
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False, **inputs).logits
     finally:
-        if handle is not None:
+        for handle in handles:
             handle.remove()
     logits = logits.float()                                                  # (N, K + 1, V)
+    if "h" in captured:                                                      # (N, K, d) at the labels' own positions
+        hidden = captured["h"].flatten(0, 1)[keep[:, 1:]] if pack else captured["h"][:, -K:]
     out, start = {}, 0
     for name in names:
         rows = slice(start, start + len(seqs_by_view[name]))
         view = {"logits": logits[rows, :-1], "own_logits": logits[rows, 1:], "labels": batch["labels"][rows],
                 "weights": batch["weights"][rows], "answer_mask": batch["answer_mask"][rows]}
         if "h" in captured:
-            view["hidden"] = captured["h"][rows, -K:].float()
+            view["hidden"] = hidden[rows].float()
         out[name] = view
         start += rows_per_view[name]
     return out, logits, sum(len(s["ids"]) for seqs in seqs_by_view.values() for s in seqs)

@@ -83,11 +83,34 @@ def profile_summary(events, wall_s, steps, cuda, title, note="(train.py runs eag
     if cuda:
         lines.append("(kernels on different streams overlap, e.g. NCCL beside compute: the sum can exceed the busy time)")
     lines.append(note)
+    if cuda:
+        lines += host_ranges(events, steps)
     lines += ["", f"top 25 by total time ({'kernels' if cuda else 'CPU ops, self time'}):",
               f"{'total ms':>10} {'calls':>7} {'%':>6}  name"]
     top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:25]
     lines += [f"{t / 1e3:>10.3f} {n:>7} {100 * t / total:>6.1f}  {name.removeprefix('void ')[:90]}" for name, (n, t) in top]
     return "\n".join(lines) + "\n"
+
+
+def host_ranges(events, steps):
+    """Lines of the host's side of a CUDA profile: the named ranges (train.py's train::*, FSDP's FSDP::*,
+    the optimizer's) by wall time per step, and kernel launches per step. A step whose host time exceeds
+    its device time is bound by Python and launches, not by the GPU."""
+    from torch.autograd import DeviceType
+    spans = collections.defaultdict(lambda: [0, 0.0])
+    launches = 0
+    for e in events:
+        if e.device_type != DeviceType.CPU:
+            continue
+        if e.is_user_annotation or e.name.startswith(("train::", "FSDP::", "Optimizer.")):
+            spans[e.name][0] += 1
+            spans[e.name][1] += e.time_range.end - e.time_range.start
+        elif "LaunchKernel" in e.name:
+            launches += 1
+    lines = ["", f"host (CPU) time per step in named ranges (nested ranges overlap); {launches / steps:.0f} kernel launches per step:",
+             f"{'range':<66} {'ms/step':>10} {'calls/step':>10}"]
+    top = sorted(spans.items(), key=lambda kv: -kv[1][1])[:14]
+    return lines + [f"{name[:66]:<66} {t / 1e3 / steps:>10.3f} {n / steps:>10g}" for name, (n, t) in top]
 
 
 def profile_window(after, n, steps_per_epoch, short_last, start, total):

@@ -30,10 +30,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 import data
 import losses
-from model import Progress, check_model, choose_precision, forward_views, generate, load_model, model_family
+from model import (Progress, check_model, choose_precision, forward_views, generate, load_model, model_family,
+                   packable, to_device)
 from profiler import StepProfiler
 
 # Refusals the paper found for its models (appendix B.1, tab:refusal_responses), without the prefix.
@@ -43,6 +45,9 @@ PAPER_REFUSALS = {"llama": "I am unable to verify this information.",
 REFUSAL_PREFIX = "Unfortunately, "
 FALLBACK_REFUSAL = "I don't have that information."
 BALANCE_EPS = 1e-5
+# Decoder blocks per FSDP group: a step under FSDP is bound by the host, and every group costs hooks, copies
+# and collectives; 4 blocks a group ran 2 H200s at 0.331 s/step against 0.380 with one (BENCHMARKS.md).
+BLOCKS_PER_GROUP = 4
 MAX_SKIPPED_IN_A_ROW = 10   # non-finite gradients this many steps running stop the run: it is not training
 
 
@@ -133,18 +138,19 @@ def setup_distributed():
 
 
 def shard_model(model, device, bf16):
-    """FSDP2: one group per decoder block, the embeddings/final norm/head grouped (tied embeddings
-    must live in one group), root last. bf16 parameters for compute, fp32 master weights and fp32
-    gradient reduction. A block's parameters are gathered again for its backward: keeping them from
-    the forward ran no faster on 2 H200s and took 5.3 GB more per card (BENCHMARKS.md)."""
+    """FSDP2: one group per BLOCKS_PER_GROUP consecutive decoder blocks, the embeddings/final norm/head
+    grouped (tied embeddings must live in one group), root last. bf16 parameters for compute, fp32 master
+    weights and fp32 gradient reduction. A group's parameters are gathered again for its backward: keeping
+    them from the forward ran no faster on 2 H200s (0.343 against 0.331 s/step) and took 4.5 GB more per
+    card (BENCHMARKS.md)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else torch.float32, reduce_dtype=torch.float32)
     block_names = set(model._no_split_modules or [])
-    for module in model.modules():
-        if type(module).__name__ in block_names:
-            fully_shard(module, mesh=mesh, mp_policy=mp)
+    blocks = [m for m in model.modules() if type(m).__name__ in block_names]
+    for i in range(0, len(blocks), BLOCKS_PER_GROUP):
+        fully_shard(blocks[i:i + BLOCKS_PER_GROUP], mesh=mesh, mp_policy=mp)
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     norm = model.get_decoder().norm
     if head is not None and head.weight is embed.weight:
@@ -216,7 +222,7 @@ def row_groups(sizes, views, rows_per_view, device):
     micro-batches of `sizes` in order, then filler rows up to a compiled shape, whose gradient is 0)."""
     one_view = torch.cat([torch.full((n,), g) for g, n in enumerate(sizes)]
                          + [torch.zeros(rows_per_view - sum(sizes), dtype=torch.long)])
-    return one_view.repeat(views).to(device)
+    return to_device(one_view.repeat(views), device)
 
 
 def split_rows(out, sizes):
@@ -344,6 +350,7 @@ class Trainer:
         self.bf16 = choose_precision(args.precision, device)[0] == "bf16"   # bf16 compute, fp32 masters (build_models)
         self.shape = None                        # under --compile: (rows per view, T, K), see prepare_loop
         self.physical = args.physical_batch      # rows per forward pass (halved on running out of memory)
+        self.sync_wait = 0.0                     # seconds the step's one host sync waited for the device
 
     def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta):
         """Train one stage; returns the exported folder (under --no-save, the starting model)."""
@@ -380,9 +387,15 @@ class Trainer:
         model, tokenizer = load_model(model_path, torch.float32, "cpu" if on_cpu else device, args.trust_remote_code)
         config = copy.deepcopy(model.config)
         model.config.use_cache = False
-        # Eager attention for training: with SDPA every method got NaN gradients at the same batch on an
-        # H100, most likely CUDA SDPA's backward on the rows that left padding leaves with no key to attend
-        # to; eager attention masks with a finite minimum, and the runs that used it passed that batch.
+        # Several sequences per row in training passes (data.pack), except for fixed-shape CUDA graphs.
+        self.pack = ((torch.bfloat16 if self.bf16 else torch.float32)
+                     if args.packing and args.compile != "graphs" and packable(config) else None)
+        # Eager attention for training. With SDPA every method got NaN gradients at the same batch on an
+        # H100 under left padding, most likely CUDA SDPA's backward on the rows with no key to attend to;
+        # eager attention masks with a finite minimum, and the runs that used it passed that batch. Packed
+        # rows have no such rows, but there SDPA chose cuDNN, which builds a plan for every new shape (245 ms
+        # a call on an H200 against 1.1 ms for eager attention's forward and backward of one layer), and
+        # packing gives every pass new shapes (BENCHMARKS.md).
         model.set_attn_implementation("eager")
         ref = None
         if self.spec["ref"]:
@@ -508,7 +521,7 @@ class Trainer:
             record = {"stage": self.stage_name, "step": step, "epoch": epoch, "lr": lr, "grad_norm": grad_norm,
                       "step_time": time.time() - t_step, "time": time.time(), "tokens_per_s": tokens_seen / elapsed,
                       "tokens": step_tokens, "ref_tokens": self.ref_tokens - ref_before, "skipped_updates": self.skipped,
-                      "physical_batch": self.physical,
+                      "physical_batch": self.physical, "sync_wait": self.sync_wait,
                       "peak_mem_gb": peak_memory_gb(self.device), **host}
             if profiler and step - 1 in profiler.window:
                 record["profiled"] = True                # bench.py leaves these steps out of its means
@@ -569,8 +582,10 @@ class Trainer:
         for i, groups in enumerate(passes):
             if self.world > 1:
                 fsdp_accumulate(self.model, last=i == len(passes) - 1)
-            loss, group_stats, ntok, lambda_r = self.forward_pass(groups, epoch, lambda_r)
-            loss.backward()
+            with record_function("train::forward"):
+                loss, group_stats, ntok, lambda_r = self.forward_pass(groups, epoch, lambda_r)
+            with record_function("train::backward"):
+                loss.backward()
             if self.shadow:
                 used = [(m, c) for m, c in self.shadow if c.grad is not None]
                 torch._foreach_add_([m.grad for m, _ in used], [c.grad for _, c in used])
@@ -579,15 +594,18 @@ class Trainer:
             for stats, (_, weight) in zip(group_stats, groups):
                 for k, v in stats.items():
                     stats_acc[k] = stats_acc[k] + v * weight
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, args.clip)
+        with record_function("train::clip"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, args.clip)
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         # The step's single host sync: diagnostics stay on the GPU until here. The checkpoint clock
         # travels with them, so that every rank decides to save at the same step.
         due = args.save_minutes > 0 and time.time() - last_save >= 60 * args.save_minutes
         synced = global_mean({**stats_acc, "due": float(due)}, device)
+        launched = time.perf_counter()
         *values, lambda_host, grad_norm = torch.stack(
-            [torch.as_tensor(v, dtype=torch.float32, device=device) for v in synced.values()]
+            [to_device(torch.as_tensor(v, dtype=torch.float32), device) for v in synced.values()]
             + [lambda_r.float(), grad_norm.float().to(device)]).tolist()
+        self.sync_wait = time.perf_counter() - launched     # ~0: the host, not the device, bounds the step
         host = {**dict(zip(synced, values)), "lambda_r": lambda_host}
         save = host.pop("due") > 0
         if math.isfinite(grad_norm):
@@ -612,11 +630,13 @@ class Trainer:
         if self.args.compile == "graphs":
             torch.compiler.cudagraph_mark_step_begin()      # the previous pass's graph outputs are done
         sizes = [len(indices) for indices, _ in groups]
-        seqs = self.trainset.views([i for indices, _ in groups for i in indices], spec["views"], self.needs_retain, epoch)
+        with record_function("train::data"):
+            seqs = self.trainset.views([i for indices, _ in groups for i in indices], spec["views"], self.needs_retain, epoch)
         out, logits, ntok = forward_views(self.compute, seqs, self.pad_id, spec["weights"], self.device,
-                                          self.hooks[0], shape=self.shape)
-        for view, kind in spec["ref"].items():
-            out["ref_" + view] = self.reference(view, kind, seqs, logits.shape[1] - 1)
+                                          self.hooks[0], shape=self.shape, pack=self.pack)
+        with record_function("train::reference"):
+            for view, kind in spec["ref"].items():
+                out["ref_" + view] = self.reference(view, kind, seqs, logits.shape[1] - 1)
         L_f, L_r, stats, lambdas = [], [], [], []
         for part in split_rows(out, sizes):
             loss_f, loss_r, part_stats = spec["fn"](part, {**hp, "lambda_r": lambda_r})
@@ -631,7 +651,7 @@ class Trainer:
         if spec.get("balance") and self.args.balance:
             alpha = balance_alpha(L_f, L_r, logits, row_groups(sizes, len(seqs), logits.shape[0] // len(seqs), self.device))
         losses_g = hp["lambda_f"] * alpha * L_f + lambdas * L_r
-        weights = torch.tensor([weight for _, weight in groups], device=L_f.device)
+        weights = to_device(torch.tensor([weight for _, weight in groups]), L_f.device)
         stats = [{"loss": losses_g[g].detach(), "loss_forget": L_f[g].detach(), "loss_retain": L_r[g].detach(),
                   "alpha": alpha[g], **stats[g]} for g in range(len(groups))]
         return (losses_g * weights).sum(), stats, ntok, lambda_r
@@ -645,11 +665,12 @@ class Trainer:
         its blocks are compiled, so they get the filled rows too."""
         if kind == "seq_logprob":
             fill = self.shape if self.args.compile == "blocks" else None
-            out, _, n = forward_views(self.ref, {view: seqs[view]}, self.pad_id, "uniform", self.device, shape=fill)
+            out, _, n = forward_views(self.ref, {view: seqs[view]}, self.pad_id, "uniform", self.device, shape=fill,
+                                      pack=self.pack)
             self.ref_tokens += n
             return {"seq_logprob": losses.summed_logprob(out[view]["logits"], out[view]["labels"])}
         out, _, n = forward_views(self.ref, {view: seqs[view]}, self.pad_id, "uniform", self.device,
-                                  self.hooks[1] if kind == "hidden" else None, min_k=K, shape=self.shape)
+                                  self.hooks[1] if kind == "hidden" else None, min_k=K, shape=self.shape, pack=self.pack)
         self.ref_tokens += n
         return {kind: out[view][kind]}
 
@@ -684,7 +705,7 @@ def global_mean(stats, device):
     """{name: 0-dim tensor or float} averaged over ranks in one all-reduce (unchanged on one process)."""
     if not dist.is_initialized() or not stats:
         return stats
-    values = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=device) for v in stats.values()])
+    values = torch.stack([to_device(torch.as_tensor(v, dtype=torch.float32), device) for v in stats.values()])
     dist.all_reduce(values)
     return dict(zip(stats, values / dist.get_world_size()))
 
@@ -766,6 +787,10 @@ def parse_args(argv=None):
     p.add_argument("--compile", nargs="?", const="blocks", choices=["blocks", "graphs"],
                    help="GPU speed: torch.compile each decoder block (blocks, the default of a bare --compile), "
                         "or the whole model for padded fixed shapes, replayed as CUDA graphs (graphs; one GPU)")
+    p.add_argument("--no-packing", dest="packing", action="store_false",
+                   help="left-pad every sequence to the pass's longest instead of packing several into a row "
+                        "(model.packable: models whose every layer is full attention pack; the same losses up to "
+                        "rounding, fewer padded positions)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels where torch has them (torch.use_deterministic_algorithms; others "

@@ -97,7 +97,7 @@ def test_profiling_leaves_training_unchanged(tiny_model_path, tmp_path):
                     "--global-batch", "4", "--batch-size", "2", "--precision", "fp32", "--no-save", "--refusal",
                     "I don't know.", "--save-minutes", "0", *flags])
         logs.append([json.loads(l) for l in (tmp_path / name / "log.jsonl").read_text().splitlines()])
-    keep = lambda r: {k: v for k, v in r.items() if k not in ("step_time", "time", "tokens_per_s", "peak_mem_gb", "profiled")}
+    keep = lambda r: {k: v for k, v in r.items() if k not in ("step_time", "time", "tokens_per_s", "peak_mem_gb", "sync_wait", "profiled")}
     assert [keep(r) for r in logs[0]] == [keep(r) for r in logs[1]]
     assert [r["step"] for r in logs[1] if r.get("profiled")] == [2, 3]       # never step 1, which compiles
     check_profile(tmp_path / "profiled" / "profile_rank0.txt", "2-3")
@@ -154,7 +154,11 @@ def test_profile_summary_of_cuda_kernels():
               ev("Memcpy HtoD (Pageable -> Device)", 7000, 7100, kind="gpu_memcpy"),
               ev("void at::native::vectorized_elementwise_kernel<4, at::native::mul>", 7100, 7500),
               ev("FSDP::all_gather", 0, 10000, kind="gpu_user_annotation"),
-              ev("aten::mm", 0, 10000, device=DeviceType.CPU, kind="cpu_op")]
+              ev("aten::mm", 0, 10000, device=DeviceType.CPU, kind="cpu_op"),
+              ev("train::forward", 0, 3000, device=DeviceType.CPU, kind="user_annotation"),
+              ev("train::forward", 5000, 8000, device=DeviceType.CPU, kind="user_annotation"),
+              ev("FSDP::pre_forward (model.layers.0)", 100, 600, device=DeviceType.CPU, kind="cpu_op")]
+    events += [ev("cudaLaunchKernel", 10 * i, 10 * i + 5, device=DeviceType.CPU, kind="cuda_runtime") for i in range(6)]
     text = profiler.profile_summary(events, 0.010, 2, True, "title")
     lines = text.splitlines()
     table = {l[:66].strip(): float(l[66:].split()[0]) for l in lines[5:lines.index(next(l for l in lines if l.startswith("sum")))]}
@@ -164,6 +168,10 @@ def test_profile_summary_of_cuda_kernels():
     assert "device (CUDA) kernel time per step" in text and "wall time: 0.0100 s for 2 steps = 5.00 ms/step" in text
     assert float(next(l for l in lines if l.startswith("sum of categories"))[66:].split()[0]) == 4.0
     assert float(next(l for l in lines if l.startswith("GPU idle"))[66:]) == 2.0      # 10 ms - 6 ms busy, per step
+    host = lines.index(next(l for l in lines if l.startswith("host (CPU) time per step")))   # the host's side
+    assert "; 3 kernel launches per step" in lines[host]
+    assert [l.split()[0] for l in lines[host + 2:host + 4]] == ["train::forward", "FSDP::pre_forward"]
+    assert lines[host + 2].split()[1:] == ["3.000", "1"] and lines[host + 3].split()[-2:] == ["0.250", "0.5"]
     top = lines[lines.index("top 25 by total time (kernels):") + 2:]
     assert len(top) == 8 and top[0].split()[:3] == ["3.000", "1", "37.5"] and "ncclDevKernel_AllGather" in top[0]
 

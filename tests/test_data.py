@@ -466,3 +466,42 @@ def test_release_rows_carry_their_source_rows_aliases():
     retain_source.update({r["question"]: r for r in data.read_jsonl(suite.SOURCE_ROOT / "general_knowledge.jsonl")})
     for r in d["retain_eval"]:
         assert r.get("aliases", []) == retain_source[r["question"]]["aliases"]
+
+
+def test_pack_places_every_sequence_once_and_keeps_collates_positions():
+    """data.pack: rows as long as the longest sequence (rounded up), every token once at its own position,
+    fewer rows than sequences when short ones fit together; `keep` points at the tokens whose logits
+    collate's last K + 1 positions hold (clamped to the first token where a sequence is shorter), and the
+    labels, weights and answer masks are collate's."""
+    import random
+    import torch
+    rng = random.Random(0)
+    seqs = []
+    for n in [40, 7, 33, 12, 5, 28, 3, 19, 40, 9]:
+        ids = [rng.randrange(1, 500) for _ in range(n)]
+        m = min(n - 1, rng.randrange(1, 6))
+        seqs.append({"ids": ids, "targets": ids[n - m:], "answer_len": max(1, m - 1)})
+    packed, padded = data.pack(seqs, 0, "jensunpp", min_k=6), data.collate(seqs, 0, "jensunpp", min_k=6)
+    R, L = packed["input_ids"].shape
+    assert L == 40 and R < len(seqs) and R * L < padded["input_ids"].numel()
+    segs = packed["segments"]
+    for r in range(R):                                        # a row: its sequences back to back, then padding
+        used = int((segs[r] >= 0).sum())
+        assert (segs[r, :used] >= 0).all() and (segs[r, used:] == -1).all()
+        assert (packed["input_ids"][r, used:] == 0).all()
+    flat_ids, flat_pos = packed["input_ids"].flatten(), packed["position_ids"].flatten()
+    K = padded["labels"].shape[1]
+    assert packed["keep"].shape == (len(seqs), K + 1)
+    for i, s in enumerate(seqs):
+        n = len(s["ids"])
+        for k in range(K + 1):
+            t = n - K - 1 + k                                # the token collate has at position T - K - 1 + k
+            assert int(flat_pos[packed["keep"][i, k]]) == max(t, 0)
+            assert int(flat_ids[packed["keep"][i, k]]) == s["ids"][max(t, 0)]
+    placed = sorted(int(x) for x in packed["keep"][:, -1])    # every sequence's last token at its own place
+    assert len(set(placed)) == len(seqs)
+    assert int((segs >= 0).sum()) == sum(len(s["ids"]) for s in seqs)
+    for key in ("labels", "weights", "answer_mask"):
+        assert torch.equal(packed[key], padded[key]), key
+    assert data.pack(seqs[:1], 0, min_rows=2)["input_ids"].shape[0] == 2        # a padding row added
+    assert data.pack(seqs, 0, multiple=16)["input_ids"].shape[1] == 48

@@ -19,8 +19,9 @@ import data
 import losses
 from conftest import FIXTURE, ROOT
 from model import (GENERATION_ATTENTION, cache_argument, choose_precision, common_prefix_length, forward_views,
-                   full_attention_cache, generate, gqa_decode_attention, load_model, model_family, reserved_cache,
-                   smollm2_folder, special_tokens_from_config, use_generation_attention)
+                   full_attention_cache, generate, gqa_decode_attention, load_model, model_family, packable,
+                   packed_attention_mask, reserved_cache, smollm2_folder, special_tokens_from_config, to_device,
+                   use_generation_attention)
 
 REFUSAL = "Unfortunately, I cannot answer that."
 
@@ -172,6 +173,70 @@ def test_padding_to_the_stage_shape_leaves_the_loss_unchanged(tiny_model_path):
     assert summed[None] == pytest.approx(unpadded, rel=1e-5)        # forward_views pads to a multiple of 8
     with pytest.raises(ValueError, match="does not fit the fixed shape"):
         data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=(T, 2))
+
+
+def test_packed_rows_give_left_paddings_outputs(tiny_model_path):
+    """forward_views(pack=...) packs the views' sequences into fewer rows and returns what left padding
+    returns: the logits at the kept positions, a hooked layer's hidden states at the answers, labels and
+    weights (fp32, the tiny model); with a compiled model's shape it fills no rows but keeps two."""
+    model, tokenizer = load_model(tiny_model_path)
+    model.set_attn_implementation("eager")
+    trainset = data.PairedTrainSet(tokenizer, ["challenger_disaster"], FIXTURE, refusal=REFUSAL, seed=0,
+                                   context_refusals=True)
+    seqs = trainset.views(list(range(8)), ("mixed",), True, 0)
+    layer = model.get_decoder().layers[3]
+    rows = []
+    with torch.no_grad():
+        padded, padded_logits, n_padded = forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", layer)
+        packed, packed_logits, n_packed = forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", layer,
+                                                        pack=torch.float32)
+        pack = data.pack
+        data.pack = lambda *a, **k: rows.append(k.get("min_rows")) or pack(*a, **k)
+        try:
+            filled, _, _ = forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", layer,
+                                         shape=(8, None, None), pack=torch.float32)
+        finally:
+            data.pack = pack
+    assert n_packed == n_padded and packed_logits.shape == padded_logits.shape
+    packed_rows = data.pack([s for v in seqs.values() for s in v], tokenizer.pad_token_id, "jensunpp", multiple=8)
+    assert packed_rows["input_ids"].shape[0] < 16                          # 16 sequences in fewer rows
+    assert rows == [2]
+    for view in seqs:
+        supervised = padded[view]["labels"] != -100
+        for out in (packed, filled):
+            assert torch.equal(out[view]["labels"], padded[view]["labels"])
+            assert torch.allclose(out[view]["logits"][supervised], padded[view]["logits"][supervised], atol=1e-5)
+            assert torch.allclose(out[view]["own_logits"][supervised], padded[view]["own_logits"][supervised], atol=1e-5)
+            assert torch.allclose(out[view]["hidden"][supervised], padded[view]["hidden"][supervised], atol=1e-5)
+
+
+def test_packed_attention_mask_keeps_sequences_apart():
+    """A position sees the earlier positions of its own sequence only; padding sees itself (no empty
+    softmax row); the mask is additive in the compute dtype."""
+    segments = torch.tensor([[0, 0, 0, 1, 1, -1], [0, 0, 0, 0, -1, -1]])
+    mask = packed_attention_mask(segments, torch.bfloat16)
+    assert mask.shape == (2, 1, 6, 6) and mask.dtype == torch.bfloat16
+    seen = mask[:, 0] == 0
+    assert seen[0, 4].tolist() == [False, False, False, True, True, False]      # second sequence, its 2nd token
+    assert seen[0, 2].tolist() == [True, True, True, False, False, False]
+    assert seen[0, 5].tolist() == [False] * 5 + [True]                          # padding: itself only
+    assert seen.any(-1).all()
+    assert (mask[:, 0][~seen] == torch.finfo(torch.bfloat16).min).all()
+
+
+def test_packing_only_where_every_layer_is_full_attention():
+    """model.packable: Llama (no layer types, no window) packs; a config with linear-attention layers
+    (Qwen3.5's Gated DeltaNet) or a sliding window in use does not; to_device leaves CPU tensors as they are."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    assert packable(LlamaConfig(num_hidden_layers=2))
+    qwen = Qwen2Config(num_hidden_layers=2)
+    assert packable(qwen)
+    qwen.layer_types = ["linear_attention", "full_attention"]
+    assert not packable(qwen)
+    assert not packable(MistralConfig(num_hidden_layers=2, sliding_window=4096))
+    assert packable(MistralConfig(num_hidden_layers=2, sliding_window=None))
+    x = torch.arange(3)
+    assert to_device(x, "cpu") is x
 
 
 @pytest.mark.slow

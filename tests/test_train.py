@@ -105,7 +105,7 @@ def test_gradient_accumulation_equivalence(tiny_model_path, tmp_path):
     assert graddiff[0] != pytest.approx(graddiff[1], rel=1e-6)      # a token mean over 4 is not the mean of two over 2
 
 
-def last_step(tiny, out, method, physical, batch_size=4, steps=4):
+def last_step(tiny, out, method, physical, batch_size=4, steps=4, *extra):
     """`steps` optimizer steps at a global batch of 16 on the 36 fixture pairs (16, 16, 4, then 16): the
     gradients of the last (read where they are clipped; 0 where a loss leaves a parameter out, as RMU's
     does the layers after its hook) and its alpha of each loss micro-batch (eq. 4; the first step's
@@ -119,8 +119,31 @@ def last_step(tiny, out, method, physical, batch_size=4, steps=4):
         m.setattr(train, "balance_alpha",
                   lambda *a: alphas.extend((len(grads), x) for x in balance(*a).tolist()) or balance(*a))
         run(tiny, out, method, "--lr", "1e-2", "--max-steps", str(steps), "--global-batch", "16",
-            "--batch-size", str(batch_size), "--physical-batch", str(physical), "--no-save")
+            "--batch-size", str(batch_size), "--physical-batch", str(physical), "--no-save", *extra)
     return grads[steps - 1], [x for step, x in alphas if step == steps - 1]
+
+
+@pytest.mark.parametrize("method", ["graddiff", "npo", "dpo", "pdu", "rmu", "undial", "jensun", "jensunpp"])
+def test_packed_rows_give_the_gradients_of_left_padding(tiny_model_path, tmp_path, method):
+    """Packing several sequences into a row (data.pack, the default where model.packable allows) is the
+    same computation as left padding (--no-packing): the gradients agree in fp32 for a method of every
+    output a loss reads (answer logits, PDU's own-position logits, RMU's hooked hidden states, UNDIAL's
+    every position, the frozen model's logits and sequence scores, the refusal and cyclic views), and so
+    do JensUn++'s alphas at a step where eq. 4 is active."""
+    steps = 4 if method == "jensunpp" else 1
+    calls, pack = [], data.pack
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(data, "pack", lambda seqs, *a, **k: calls.append(len(seqs)) or pack(seqs, *a, **k))
+        packed, alphas_packed = last_step(tiny_model_path, tmp_path / "packed", method, 16, 4, steps)
+        packed_calls = len(calls)
+        padded, alphas_padded = last_step(tiny_model_path, tmp_path / "padded", method, 16, 4, steps, "--no-packing")
+    assert packed_calls >= steps and len(calls) == packed_calls           # the default packs; --no-packing does not
+    assert any(g.norm() > 0 for g in padded)
+    for a, b in zip(packed, padded):
+        assert (a - b).norm() <= 1e-5 * b.norm() + 1e-12, (method, (a - b).norm() / b.norm())
+    assert alphas_packed == pytest.approx(alphas_padded, rel=1e-5)
+    if method == "jensunpp":
+        assert len(alphas_packed) == 4 and any(a != 1.0 for a in alphas_packed)
 
 
 @pytest.mark.parametrize("method", ["npo", "dpo", "rmu", "undial"])
