@@ -35,7 +35,7 @@ from torch.profiler import record_function
 import data
 import losses
 from model import (Progress, check_model, choose_precision, forward_views, generate, load_model, model_family,
-                   packable, to_device)
+                   packable, to_device, with_parameters_in)
 from profiler import StepProfiler
 
 # Refusals the paper found for its models (appendix B.1, tab:refusal_responses), without the prefix.
@@ -399,13 +399,13 @@ class Trainer:
         model.set_attn_implementation("eager")
         ref = None
         if self.spec["ref"]:
-            ref = copy.deepcopy(model).to(device=device, dtype=torch.bfloat16 if self.bf16 else torch.float32).eval()
+            ref = with_parameters_in(copy.deepcopy(model).to(device), torch.bfloat16 if self.bf16 else torch.float32).eval()
             ref.requires_grad_(False)
         if self.spec.get("setup"):
             self.spec["setup"](model, self.hp, args.seed)
         if self.world > 1:
             model = shard_model(model.to(device), device, self.bf16)
-        compute = copy.deepcopy(model).to(torch.bfloat16) if self.bf16 and self.world == 1 else model
+        compute = with_parameters_in(copy.deepcopy(model), torch.bfloat16) if self.bf16 and self.world == 1 else model
         compute.train()
         self.model, self.compute, self.ref = model, compute, ref
         self.compile_models()

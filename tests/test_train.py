@@ -292,6 +292,25 @@ def test_bf16_compute_copy_keeps_fp32_masters_and_resumes(tiny_model_path, tmp_p
         assert torch.equal(after[k], resumed[k]), k
 
 
+def test_bf16_copies_keep_the_models_rotary_frequencies(tiny_model_path):
+    """Under bf16 the compute copy and the frozen model hold bf16 parameters but the fp32 buffers the model
+    was built with (the rotary inv_freq), as from_pretrained(dtype=bf16) and FSDP's mixed precision leave
+    them: a bf16 inv_freq moves RoPE's angles (up to 0.3 rad at 170 tokens) and made the frozen model
+    differ from an FSDP policy at step 1. The copies are then the same function: equal logits."""
+    args = train.parse_args(["--method", "jensunpp", "--model", tiny_model_path, "--precision", "bf16"])
+    trainer = train.Trainer(args, 0, 1, torch.device("cpu"))
+    trainer.build_models(tiny_model_path)
+    masters = dict(trainer.model.named_buffers())
+    assert masters and all(b.dtype == torch.float32 for b in masters.values())
+    for copy in (trainer.compute, trainer.ref):
+        assert all(p.dtype == torch.bfloat16 for p in copy.parameters())
+        for name, buffer in copy.named_buffers():
+            assert buffer.dtype == torch.float32 and torch.equal(buffer, masters[name]), name
+    ids = torch.tensor([[1, 5, 9, 14, 3, 7, 2, 8] * 4])
+    with torch.no_grad():
+        assert torch.equal(trainer.compute(input_ids=ids).logits, trainer.ref(input_ids=ids).logits)
+
+
 def test_non_finite_gradient_skips_the_update(tiny_model_path, tmp_path, monkeypatch):
     """A batch whose gradient is NaN (seen on CUDA) is not applied: the step is logged as skipped and
     the weights stay finite."""
