@@ -295,8 +295,9 @@ def test_bf16_compute_copy_keeps_fp32_masters_and_resumes(tiny_model_path, tmp_p
 def test_bf16_copies_keep_the_models_rotary_frequencies(tiny_model_path):
     """Under bf16 the compute copy and the frozen model hold bf16 parameters but the fp32 buffers the model
     was built with (the rotary inv_freq), as from_pretrained(dtype=bf16) and FSDP's mixed precision leave
-    them: a bf16 inv_freq moves RoPE's angles (up to 0.3 rad at 170 tokens) and made the frozen model
-    differ from an FSDP policy at step 1. The copies are then the same function: equal logits."""
+    them: a bf16 inv_freq moves RoPE's angles (up to 0.3 rad at 170 tokens), and an FSDP policy keeps its
+    fp32 buffers, so the frozen model was another function than the policy it anchors. The copies are the
+    same function: equal logits."""
     args = train.parse_args(["--method", "jensunpp", "--model", tiny_model_path, "--precision", "bf16"])
     trainer = train.Trainer(args, 0, 1, torch.device("cpu"))
     trainer.build_models(tiny_model_path)
