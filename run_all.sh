@@ -53,16 +53,22 @@ train() { run torchrun --nproc_per_node="$NGPU" train.py --refusal paper "$@"; }
 evaluate() { run python evaluate.py "$@" --judge "$JUDGE" --judge-url "$JUDGE_URL"; }
 
 pool() {   # run each line of stdin as a shell command, $JOBS at a time (small models share a GPU; $GPUS in turn)
-  local line pid failed=0 n=0 gpus=($GPUS) device=()
+  # Each command writes its exit status to a file: a status read back from `wait` is lost when bash has
+  # already reaped the job (a failing line then let the pool pass, seen in CI).
+  local line n=0 gpus=($GPUS) device=() status failed
+  status=$(mktemp -d)
   while IFS= read -r line; do
-    [ ${#gpus[@]} = 0 ] || device=("CUDA_VISIBLE_DEVICES=${gpus[n++ % ${#gpus[@]}]}")
+    [ ${#gpus[@]} = 0 ] || device=("CUDA_VISIBLE_DEVICES=${gpus[n % ${#gpus[@]}]}")
+    n=$((n + 1))
     echo "+ ${device[*]:+${device[*]} }$line"
     [ $DRY = 1 ] && continue
-    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || failed=$((failed + 1)); done
-    env OMP_NUM_THREADS=2 "${device[@]}" bash -c "$line" &
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+    { rc=0; env OMP_NUM_THREADS=2 "${device[@]}" bash -c "$line" || rc=$?; echo $rc > "$status/$n"; } &
   done
-  for pid in $(jobs -p); do wait "$pid" || failed=$((failed + 1)); done
-  [ $failed = 0 ] || { echo "pool: $failed command(s) failed, see their .log files"; return 1; }
+  wait
+  failed=$(cat "$status"/* 2>/dev/null | grep -cv '^0$' || true)
+  rm -rf "$status"
+  [ "$failed" = 0 ] || { echo "pool: $failed command(s) failed, see their .log files"; return 1; }
 }
 
 MPS_STARTED=0
