@@ -5,11 +5,13 @@ release grammar (warnings only), planted defects, aliases per row, stats, build 
 """
 import collections
 import json
+import random
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 import data
 import evaluate
