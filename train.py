@@ -349,6 +349,7 @@ class Trainer:
         self.skipped_in_a_row = 0                        # ... since the last update applied
         self.bf16 = choose_precision(args.precision, device)[0] == "bf16"   # bf16 compute, fp32 masters (build_models)
         self.shape = None                        # under --compile: (rows per view, T, K), see prepare_loop
+        self.pack = None                         # the compute dtype where passes pack rows (build_models)
         self.physical = args.physical_batch      # rows per forward pass (halved on running out of memory)
         self.sync_wait = 0.0                     # seconds the step's one host sync waited for the device
 

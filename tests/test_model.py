@@ -175,7 +175,7 @@ def test_padding_to_the_stage_shape_leaves_the_loss_unchanged(tiny_model_path):
         data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=(T, 2))
 
 
-def test_packed_rows_give_left_paddings_outputs(tiny_model_path):
+def test_packed_rows_give_left_paddings_outputs(tiny_model_path, monkeypatch):
     """forward_views(pack=...) packs the views' sequences into fewer rows and returns what left padding
     returns: the logits at the kept positions, a hooked layer's hidden states at the answers, labels and
     weights (fp32, the tiny model); with a compiled model's shape it fills no rows but keeps two."""
@@ -191,12 +191,10 @@ def test_packed_rows_give_left_paddings_outputs(tiny_model_path):
         packed, packed_logits, n_packed = forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", layer,
                                                         pack=torch.float32)
         pack = data.pack
-        data.pack = lambda *a, **k: rows.append(k.get("min_rows")) or pack(*a, **k)
-        try:
-            filled, _, _ = forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", layer,
-                                         shape=(8, None, None), pack=torch.float32)
-        finally:
-            data.pack = pack
+        monkeypatch.setattr(data, "pack", lambda *a, **k: rows.append(k.get("min_rows")) or pack(*a, **k))
+        filled, _, _ = forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", layer,
+                                     shape=(8, None, None), pack=torch.float32)
+        monkeypatch.undo()
     assert n_packed == n_padded and packed_logits.shape == padded_logits.shape
     packed_rows = data.pack([s for v in seqs.values() for s in v], tokenizer.pad_token_id, "jensunpp", multiple=8)
     assert packed_rows["input_ids"].shape[0] < 16                          # 16 sequences in fewer rows
