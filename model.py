@@ -5,12 +5,14 @@ train.py, evaluate.py, utility.py and bench.py import it; nothing here trains.
     model, tokenizer = load_model("smollm2")                  # or an HF id, a local folder, random:tiny
     answers = generate(model, tokenizer, [data.prompt_ids(tokenizer, "Who built the Shuttle?")])
 """
+import contextlib
 import copy
 import functools
 import importlib.util
 import inspect
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -513,6 +515,176 @@ def with_parameters_in(module, dtype):
         if param.is_floating_point():
             param.data = param.data.to(dtype)
     return module
+
+
+def fuse_rms_norms(model):
+    """Switch every RMSNorm that computes weight * x / rms(x) (transformers' Llama, Qwen2/3, Mistral form)
+    to torch's F.rms_norm: on CUDA one fused kernel forward and one backward (aten._fused_rms_norm) in
+    place of eight and about twelve, in a step bound by kernel launches under FSDP (BENCHMARKS.md). The
+    same value in fp32; in bf16 rounded once where transformers rounds twice (x / rms(x), then the product).
+    A class is switched only if its own forward matches on a random fp32 check, so other forms (Qwen3.5's
+    x / rms(x) * (1 + weight)) keep theirs. Returns the number of modules switched."""
+    verdict, switched = {}, 0
+    for module in model.modules():
+        cls = type(module)
+        weight, eps = getattr(module, "weight", None), getattr(module, "variance_epsilon", None)
+        if not cls.__name__.endswith("RMSNorm") or not isinstance(weight, torch.nn.Parameter) or weight.ndim != 1 \
+                or not isinstance(eps, float):
+            continue
+        if cls not in verdict:
+            probe = cls.__new__(cls)
+            torch.nn.Module.__init__(probe)
+            probe.weight = torch.nn.Parameter(torch.randn(weight.shape[0], generator=torch.Generator().manual_seed(0)))
+            probe.variance_epsilon = eps
+            x = torch.randn(3, weight.shape[0], generator=torch.Generator().manual_seed(1))
+            with torch.no_grad():
+                verdict[cls] = torch.allclose(cls.forward(probe, x), _fused_rms_norm(probe, x), rtol=1e-5, atol=1e-6)
+        if verdict[cls]:
+            module.forward = functools.partial(_fused_rms_norm, module)
+            switched += 1
+    return switched
+
+
+def _fused_rms_norm(module, hidden_states):
+    if module.weight.dtype != hidden_states.dtype:          # as transformers: the product in the wider type
+        return type(module).forward(module, hidden_states)
+    return torch.nn.functional.rms_norm(hidden_states, module.weight.shape, module.weight, module.variance_epsilon)
+
+
+TRAINING_ATTENTION = "suite_packed_sdpa"      # training's attention on packed rows (train.build_models)
+
+
+def packed_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
+    """transformers' SDPA attention, on the memory-efficient kernel (the math one where that cannot run):
+    with a mask SDPA would otherwise choose cuDNN, which builds a plan for every new shape (245 ms for one
+    3B layer's attention forward and backward at a new shape, against 0.78 ms at a seen one), and packing
+    gives nearly every pass a new shape. Packed rows have no empty softmax row (model.packed_attention_mask),
+    where CUDA SDPA gave NaN gradients under left padding. Two kernels a layer, forward and backward,
+    in place of eager attention's ten and about a dozen."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def use_training_attention(model):
+    """Switch `model` to packed_sdpa_attention (registered with transformers' attention and mask interfaces)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(TRAINING_ATTENTION, packed_sdpa_attention)
+    AttentionMaskInterface.register(TRAINING_ATTENTION, sdpa_mask)
+    model.set_attn_implementation(TRAINING_ATTENTION)
+    return model
+
+
+def rotate_half_rope(x, cos, sin, backward=False):
+    """Rotary position embedding in transformers' rotate-half form, x * cos + rotate_half(x) * sin (x (B, H, T, d),
+    cos and sin (B, T, d)), in plain torch; backward=True applies its transpose (the gradient with respect
+    to x). The reference of the Triton kernel below."""
+    c, s = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
+    x1, x2 = x.float().chunk(2, dim=-1)
+    c1, c2 = c.chunk(2, dim=-1)
+    s1, s2 = s.chunk(2, dim=-1)
+    if backward:
+        out = torch.cat((x1 * c1 + x2 * s2, x2 * c2 - x1 * s1), dim=-1)
+    else:
+        out = torch.cat((x1 * c1 - x2 * s1, x2 * c2 + x1 * s2), dim=-1)
+    return out.to(x.dtype)
+
+
+if triton is not None:
+    @triton.jit
+    def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, T, x_b, x_h, x_t, c_b, c_t, o_b, o_h, o_t,
+                     HALF: tl.constexpr, BLOCK_T: tl.constexpr, BACKWARD: tl.constexpr):
+        """One (row, head) and BLOCK_T positions: both halves of each vector, in fp32, rounded once."""
+        bh, tb = tl.program_id(0), tl.program_id(1)
+        b, h = bh // H, bh % H
+        t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
+        d = tl.arange(0, HALF)
+        keep = t[:, None] < T
+        x = x_ptr + b * x_b + h * x_h + t[:, None] * x_t + d[None, :]
+        c = cos_ptr + b * c_b + t[:, None] * c_t + d[None, :]
+        s = sin_ptr + b * c_b + t[:, None] * c_t + d[None, :]
+        x1, x2 = tl.load(x, mask=keep).to(tl.float32), tl.load(x + HALF, mask=keep).to(tl.float32)
+        c1, c2 = tl.load(c, mask=keep).to(tl.float32), tl.load(c + HALF, mask=keep).to(tl.float32)
+        s1, s2 = tl.load(s, mask=keep).to(tl.float32), tl.load(s + HALF, mask=keep).to(tl.float32)
+        if BACKWARD:
+            o1, o2 = x1 * c1 + x2 * s2, x2 * c2 - x1 * s1
+        else:
+            o1, o2 = x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
+        o = out_ptr + b * o_b + h * o_h + t[:, None] * o_t + d[None, :]
+        tl.store(o, o1.to(out_ptr.dtype.element_ty), mask=keep)
+        tl.store(o + HALF, o2.to(out_ptr.dtype.element_ty), mask=keep)
+
+
+def _rope_launch(x, cos, sin, backward):
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    B, H, T, d = x.shape
+    out = torch.empty((B, T, H, d), dtype=x.dtype, device=x.device).transpose(1, 2)    # as q_proj(...).transpose
+    cos, sin = cos.expand(B, T, d), sin.expand(B, T, d)
+    _rope_kernel[(B * H, triton.cdiv(T, 32))](x, cos, sin, out, H, T, *x.stride()[:3], cos.stride(0), cos.stride(1),
+                                              *out.stride()[:3], HALF=d // 2, BLOCK_T=32, BACKWARD=backward)
+    return out
+
+
+class _FusedRope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _rope_launch(x, cos, sin, False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _rope_launch(grad, cos, sin, True), None, None
+
+
+def _fused_apply_rotary_pos_emb(original, q, k, cos, sin, *args, **kwargs):
+    """transformers' apply_rotary_pos_emb(q, k, cos, sin) as one Triton kernel per tensor forward and one
+    backward (its torch ops are ten launches forward and about twenty backward a layer); its own code for
+    anything else (another layout, a head size that is not a power of two, the CPU, a compiled graph)."""
+    d = q.shape[-1]
+    if (args or kwargs or triton is None or not q.is_cuda or torch.compiler.is_compiling() or d & (d - 1)
+            or d < 32 or k.shape[-1] != d or cos.shape[-1] != d or cos.dim() != 3 or q.dim() != 4 or k.dim() != 4
+            or cos.stride(-1) != 1 or sin.stride() != cos.stride()):
+        return original(q, k, cos, sin, *args, **kwargs)
+    return _FusedRope.apply(q, cos, sin), _FusedRope.apply(k, cos, sin)
+
+
+@contextlib.contextmanager
+def fused_rotary(model):
+    """Within the block, the model's attention applies rotary embeddings with _fused_apply_rotary_pos_emb.
+    transformers' attention calls its modeling module's apply_rotary_pos_emb by name, so that name is
+    replaced for the block (in every model of the family) and put back after it; only where the function
+    computes rotate_half_rope (checked on random inputs: other forms, such as a partial rotary dimension,
+    are left alone)."""
+    names = {type(m).__module__ for m in model.modules() if type(m).__name__.endswith("Attention")}
+    patched = []
+    for name in names:
+        module = sys.modules.get(name)
+        original = getattr(module, "apply_rotary_pos_emb", None)
+        if original is None or not _is_rotate_half_rope(original):
+            continue
+        module.apply_rotary_pos_emb = functools.partial(_fused_apply_rotary_pos_emb, original)
+        patched.append((module, original))
+    try:
+        yield len(patched)
+    finally:
+        for module, original in patched:
+            module.apply_rotary_pos_emb = original
+
+
+def _is_rotate_half_rope(fn):
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 3, 5, 16, generator=g), torch.randn(2, 1, 5, 16, generator=g)
+    cos, sin = torch.randn(2, 5, 16, generator=g), torch.randn(2, 5, 16, generator=g)
+    try:
+        q_out, k_out = fn(q, k, cos, sin)
+    except Exception:
+        return False
+    return (torch.allclose(q_out, rotate_half_rope(q, cos, sin), atol=1e-6)
+            and torch.allclose(k_out, rotate_half_rope(k, cos, sin), atol=1e-6))
 
 
 def to_device(tensor, device):

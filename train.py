@@ -30,12 +30,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.tensor
 from torch.profiler import record_function
 
 import data
 import losses
-from model import (Progress, check_model, choose_precision, forward_views, generate, load_model, model_family,
-                   packable, to_device, with_parameters_in)
+from model import (Progress, check_model, choose_precision, forward_views, fuse_rms_norms, fused_rotary, generate,
+                   load_model, model_family, packable, to_device, use_training_attention, with_parameters_in)
 from profiler import StepProfiler
 
 # Refusals the paper found for its models (appendix B.1, tab:refusal_responses), without the prefix.
@@ -170,6 +171,26 @@ def fsdp_accumulate(model, last):
     one unsharded fp32 gradient and bf16 parameter copy per rank while a step accumulates."""
     model.set_requires_gradient_sync(last)
     model.set_reshard_after_backward(last)
+
+
+def clip_grad_norm(params, max_norm):
+    """torch.nn.utils.clip_grad_norm_: the 2-norm over every gradient, all scaled by max_norm / norm where
+    that is below 1 (a non-finite norm is returned for the caller to skip the update). FSDP2's gradients
+    are DTensors sharded on their first dimension; their norm is taken from the local shards (squared,
+    summed, one all-reduce over ranks), where DTensor's per-op dispatch cost ~10 ms of host a step."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    sharded = [g for g in grads if isinstance(g, torch.distributed.tensor.DTensor)]
+    if any(not placement.is_shard() for g in sharded for placement in g.placements):
+        raise ValueError("clip_grad_norm: a DTensor gradient is not sharded (FSDP2 shards every parameter)")
+    local = [g.to_local() if isinstance(g, torch.distributed.tensor.DTensor) else g for g in grads]
+    total = torch.stack(torch._foreach_norm(local)).float().square().sum()
+    if sharded:
+        dist.all_reduce(total)
+    total = total.sqrt()
+    torch._foreach_mul_(local, (max_norm / (total + 1e-6)).clamp(max=1.0))
+    return total
 
 
 def full_state_dict(model):
@@ -325,6 +346,43 @@ def step_micro_batches(order, step_in_epoch, global_batch, batch_size, rank, wor
     return [(mine[j:j + batch_size], len(mine[j:j + batch_size]) / n) for j in range(0, n, batch_size)]
 
 
+class StepSequences(torch.utils.data.Dataset):
+    """Item `step`: this rank's loss micro-batches of that optimizer step (step_micro_batches) and their
+    sequences (PairedTrainSet.views, every view, micro-batches in order). On a GPU a DataLoader worker
+    process makes them ahead of the step: rendering and tokenizing a step's chat prompts takes about 20 ms
+    of the host, which bounds an FSDP step (BENCHMARKS.md)."""
+
+    def __init__(self, trainset, views, retain, steps_per_epoch, global_batch, batch_size, rank, world):
+        self.trainset, self.views, self.retain, self.steps_per_epoch = trainset, views, retain, steps_per_epoch
+        self.global_batch, self.batch_size, self.rank, self.world = global_batch, batch_size, rank, world
+
+    def __getitem__(self, step):
+        epoch, in_epoch = divmod(step, self.steps_per_epoch)
+        micro_batches = step_micro_batches(self.trainset.epoch_order(epoch), in_epoch, self.global_batch,
+                                           self.batch_size, self.rank, self.world)
+        indices = [i for batch, _ in micro_batches for i in batch]
+        return micro_batches, self.trainset.views(indices, self.views, self.retain, epoch)
+
+
+def as_is(item):
+    """The DataLoader's collate_fn: StepSequences' items need no collating."""
+    return item
+
+
+def step_sequences(trainer, start):
+    """StepSequences from `start` to the stage's end, made one worker process ahead on a GPU (in this
+    process on a CPU, where the worker would compete with the training for the cores)."""
+    args = trainer.args
+    dataset = StepSequences(trainer.trainset, trainer.spec["views"], trainer.needs_retain, trainer.steps_per_epoch,
+                            args.global_batch, args.batch_size, trainer.rank, trainer.world)
+    worker = trainer.device.type == "cuda"
+    if worker:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")    # the forked worker tokenizes alone
+    return iter(torch.utils.data.DataLoader(dataset, batch_size=None, sampler=range(start, trainer.total),
+                                            collate_fn=as_is, num_workers=int(worker),
+                                            prefetch_factor=4 if worker else None))
+
+
 def stages_for(args):
     topics = data.check_topics(args.topics, args.data_root)
     if args.mode == "single":
@@ -370,7 +428,8 @@ class Trainer:
         print0(f"[{stage_name}] {len(self.trainset)} pairs, {self.steps_per_epoch} steps per epoch of "
                f"{args.global_batch} (loss micro-batches of {args.batch_size} x {self.world} process(es), "
                f"{self.physical} rows per forward pass), {self.total} steps")
-        self.train_loop(step, lambda_r)
+        with fused_rotary(self.compute):             # rotary embeddings as one kernel on a GPU (model.py)
+            self.train_loop(step, lambda_r)
         return self.export_stage(tokenizer, config)
 
     # -- models, data and optimizer
@@ -391,13 +450,15 @@ class Trainer:
         # Several sequences per row in training passes (data.pack), except for fixed-shape CUDA graphs.
         self.pack = ((torch.bfloat16 if self.bf16 else torch.float32)
                      if args.packing and args.compile != "graphs" and packable(config) else None)
-        # Eager attention for training. With SDPA every method got NaN gradients at the same batch on an
-        # H100 under left padding, most likely CUDA SDPA's backward on the rows with no key to attend to;
-        # eager attention masks with a finite minimum, and the runs that used it passed that batch. Packed
-        # rows have no such rows, but there SDPA chose cuDNN, which builds a plan for every new shape (245 ms
-        # a call on an H200 against 1.1 ms for eager attention's forward and backward of one layer), and
-        # packing gives every pass new shapes (BENCHMARKS.md).
-        model.set_attn_implementation("eager")
+        # Attention. Left-padded rows run eager attention: with SDPA every method got NaN gradients at the same
+        # batch on an H100, most likely CUDA SDPA's backward on the rows with no key to attend to; eager
+        # attention masks with a finite minimum, and the runs that used it passed that batch. Packed rows have
+        # no such row, and run SDPA on its memory-efficient kernel (model.packed_sdpa_attention).
+        if self.pack and args.attention == "sdpa":
+            use_training_attention(model)
+        else:
+            model.set_attn_implementation("eager")
+        fuse_rms_norms(model)                        # the copies below (frozen, bf16 compute) inherit it
         ref = None
         if self.spec["ref"]:
             ref = with_parameters_in(copy.deepcopy(model).to(device), torch.bfloat16 if self.bf16 else torch.float32).eval()
@@ -493,18 +554,23 @@ class Trainer:
         log = open(Path(args.out) / "log.jsonl", "a") if self.rank == 0 else None
         t0, tokens_seen, last_print, last_save, start_step = time.time(), 0, 0.0, time.time(), step
         profiler, redo_from = None, None
+        batches = step_sequences(self, step)
         if args.profile_steps:
             profiler = StepProfiler(self, step)
         while step < self.total:
-            epoch, in_epoch = divmod(step, self.steps_per_epoch)
+            epoch = step // self.steps_per_epoch
             lr = lr_at(step, self.total, self.steps_per_epoch, self.hp["lr"], args.lr_schedule)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             if profiler:
                 profiler.begin(step)
             t_step, ref_before = redo_from or time.time(), self.ref_tokens     # a redone step keeps its start
+            if not redo_from:                               # a redone step keeps its batch
+                with record_function("train::data"):
+                    micro_batches, seqs = next(batches)
             try:
-                host, grad_norm, lambda_r, step_tokens, save = self.optimizer_step(step, epoch, in_epoch, lambda_r, last_save)
+                host, grad_norm, lambda_r, step_tokens, save = self.optimizer_step(step, micro_batches, seqs, epoch,
+                                                                                   lambda_r, last_save)
             except torch.OutOfMemoryError:
                 if not self.can_shrink():
                     raise
@@ -568,23 +634,24 @@ class Trainer:
             torch.cuda.empty_cache()
         print0(f"[{self.stage_name}] out of memory: {self.physical} rows per forward pass from now on")
 
-    def optimizer_step(self, step, epoch, in_epoch, lambda_r, last_save):
-        """One optimizer step: this rank's loss micro-batches, --physical-batch rows per forward pass
+    def optimizer_step(self, step, micro_batches, seqs, epoch, lambda_r, last_save):
+        """One optimizer step: this rank's loss micro-batches and their sequences (StepSequences), --physical-batch rows per forward pass
         (backward weighted by their shares, gradients accumulated in the masters), clipping, one host sync,
         the update unless the gradient norm is not finite. Returns the step's statistics averaged over
         ranks, the gradient norm, lambda_r, the number of tokens, and whether a checkpoint is due
         (--save-minutes since `last_save`)."""
         args, device, compute = self.args, self.device, self.compute
-        step_tokens, stats_acc = 0, collections.defaultdict(float)
-        micro_batches = step_micro_batches(self.trainset.epoch_order(epoch), in_epoch, args.global_batch,
-                                           args.batch_size, self.rank, self.world)
+        step_tokens, stats_acc, row = 0, collections.defaultdict(float), 0
         per_pass = self.physical // args.batch_size
         passes = [micro_batches[j:j + per_pass] for j in range(0, len(micro_batches), per_pass)]
         for i, groups in enumerate(passes):
             if self.world > 1:
                 fsdp_accumulate(self.model, last=i == len(passes) - 1)
+            rows = sum(len(indices) for indices, _ in groups)
+            pass_seqs = {name: view[row:row + rows] for name, view in seqs.items()}
+            row += rows
             with record_function("train::forward"):
-                loss, group_stats, ntok, lambda_r = self.forward_pass(groups, epoch, lambda_r)
+                loss, group_stats, ntok, lambda_r = self.forward_pass(groups, pass_seqs, epoch, lambda_r)
             with record_function("train::backward"):
                 loss.backward()
             if self.shadow:
@@ -596,8 +663,7 @@ class Trainer:
                 for k, v in stats.items():
                     stats_acc[k] = stats_acc[k] + v * weight
         with record_function("train::clip"):
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, args.clip)
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+            grad_norm = clip_grad_norm(self.params, args.clip)
         # The step's single host sync: diagnostics stay on the GPU until here. The checkpoint clock
         # travels with them, so that every rank decides to save at the same step.
         due = args.save_minutes > 0 and time.time() - last_save >= 60 * args.save_minutes
@@ -620,8 +686,9 @@ class Trainer:
         copy_masters(self.shadow)
         return host, grad_norm, lambda_r, step_tokens, save
 
-    def forward_pass(self, groups, epoch, lambda_r):
-        """One forward pass over the loss micro-batches `groups` ([(pair indices, weight)]): every view of
+    def forward_pass(self, groups, seqs, epoch, lambda_r):
+        """One forward pass over the loss micro-batches `groups` ([(pair indices, weight)]) and their
+        sequences `seqs` ({view: [sequence]}, in the groups' order): every view of
         every micro-batch through the model at once, the frozen model's outputs where the loss reads them;
         then each micro-batch's own loss, as if it had its own pass: its means, its alpha (eq. 4), its
         lambda_r (a dual variable moves after every micro-batch), lambda_f * alpha * L_f + lambda_r * L_r.
@@ -631,8 +698,6 @@ class Trainer:
         if self.args.compile == "graphs":
             torch.compiler.cudagraph_mark_step_begin()      # the previous pass's graph outputs are done
         sizes = [len(indices) for indices, _ in groups]
-        with record_function("train::data"):
-            seqs = self.trainset.views([i for indices, _ in groups for i in indices], spec["views"], self.needs_retain, epoch)
         out, logits, ntok = forward_views(self.compute, seqs, self.pad_id, spec["weights"], self.device,
                                           self.hooks[0], shape=self.shape, pack=self.pack)
         with record_function("train::reference"):
@@ -792,6 +857,9 @@ def parse_args(argv=None):
                    help="left-pad every sequence to the pass's longest instead of packing several into a row "
                         "(model.packable: models whose every layer is full attention pack; the same losses up to "
                         "rounding, fewer padded positions)")
+    p.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
+                   help="attention on packed rows: SDPA's memory-efficient kernel (model.packed_sdpa_attention) or "
+                        "transformers' eager attention; left-padded rows always run eager")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels where torch has them (torch.use_deterministic_algorithms; others "

@@ -4,6 +4,8 @@ forward's fixed-shape padding.
 
     python -m pytest tests/test_model.py -q
 """
+import contextlib
+import copy
 import importlib.metadata
 import importlib.util
 import json
@@ -18,10 +20,11 @@ import torch
 import data
 import losses
 from conftest import FIXTURE, ROOT
-from model import (GENERATION_ATTENTION, cache_argument, choose_precision, common_prefix_length, forward_views,
-                   full_attention_cache, generate, gqa_decode_attention, load_model, model_family, packable,
-                   packed_attention_mask, reserved_cache, smollm2_folder, special_tokens_from_config, to_device,
-                   use_generation_attention)
+from model import (GENERATION_ATTENTION, TRAINING_ATTENTION, cache_argument, choose_precision, common_prefix_length,
+                   forward_views, full_attention_cache, fuse_rms_norms, fused_rotary, generate, gqa_decode_attention, load_model,
+                   model_family, packable, packed_attention_mask, reserved_cache, smollm2_folder,
+                   rotate_half_rope, special_tokens_from_config, to_device, use_generation_attention,
+                   use_training_attention)
 
 REFUSAL = "Unfortunately, I cannot answer that."
 
@@ -175,12 +178,17 @@ def test_padding_to_the_stage_shape_leaves_the_loss_unchanged(tiny_model_path):
         data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=(T, 2))
 
 
-def test_packed_rows_give_left_paddings_outputs(tiny_model_path, monkeypatch):
+@pytest.mark.parametrize("attention", ["eager", TRAINING_ATTENTION])
+def test_packed_rows_give_left_paddings_outputs(tiny_model_path, monkeypatch, attention):
     """forward_views(pack=...) packs the views' sequences into fewer rows and returns what left padding
-    returns: the logits at the kept positions, a hooked layer's hidden states at the answers, labels and
-    weights (fp32, the tiny model); with a compiled model's shape it fills no rows but keeps two."""
+    (eager attention) returns: the logits at the kept positions, a hooked layer's hidden states at the
+    answers, labels and weights (fp32, the tiny model), with eager attention and with training's SDPA on
+    packed rows; with a compiled model's shape it fills no rows but keeps two."""
     model, tokenizer = load_model(tiny_model_path)
     model.set_attn_implementation("eager")
+    packed_model = copy.deepcopy(model)
+    if attention == TRAINING_ATTENTION:
+        use_training_attention(packed_model)
     trainset = data.PairedTrainSet(tokenizer, ["challenger_disaster"], FIXTURE, refusal=REFUSAL, seed=0,
                                    context_refusals=True)
     seqs = trainset.views(list(range(8)), ("mixed",), True, 0)
@@ -188,11 +196,12 @@ def test_packed_rows_give_left_paddings_outputs(tiny_model_path, monkeypatch):
     rows = []
     with torch.no_grad():
         padded, padded_logits, n_padded = forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", layer)
-        packed, packed_logits, n_packed = forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", layer,
-                                                        pack=torch.float32)
+        packed_layer = packed_model.get_decoder().layers[3]
+        packed, packed_logits, n_packed = forward_views(packed_model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu",
+                                                        packed_layer, pack=torch.float32)
         pack = data.pack
         monkeypatch.setattr(data, "pack", lambda *a, **k: rows.append(k.get("min_rows")) or pack(*a, **k))
-        filled, _, _ = forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", layer,
+        filled, _, _ = forward_views(packed_model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", packed_layer,
                                      shape=(8, None, None), pack=torch.float32)
         monkeypatch.undo()
     assert n_packed == n_padded and packed_logits.shape == padded_logits.shape
@@ -206,6 +215,142 @@ def test_packed_rows_give_left_paddings_outputs(tiny_model_path, monkeypatch):
             assert torch.allclose(out[view]["logits"][supervised], padded[view]["logits"][supervised], atol=1e-5)
             assert torch.allclose(out[view]["own_logits"][supervised], padded[view]["own_logits"][supervised], atol=1e-5)
             assert torch.allclose(out[view]["hidden"][supervised], padded[view]["hidden"][supervised], atol=1e-5)
+
+
+class OffsetRMSNorm(torch.nn.Module):
+    """The other RMSNorm form (Qwen3.5, Gemma): x / rms(x) * (1 + weight), computed in fp32."""
+
+    def __init__(self, size, eps=1e-6):
+        super().__init__()
+        self.weight, self.variance_epsilon = torch.nn.Parameter(torch.zeros(size)), eps
+
+    def forward(self, x):
+        y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (y * (1.0 + self.weight.float())).type_as(x)
+
+
+def test_fused_rms_norms_compute_transformers_norms(tiny_model_path):
+    """fuse_rms_norms switches every norm of the weight * x / rms(x) form (two a block and the final one)
+    and leaves another form alone; in fp32 the logits and every gradient are transformers' own, and in
+    bf16 the logits stay within bf16 rounding of them (one rounding less)."""
+    model, _ = load_model(tiny_model_path)
+    fused = copy.deepcopy(model)
+    assert fuse_rms_norms(fused) == 2 * model.config.num_hidden_layers + 1
+    offset = torch.nn.Sequential(OffsetRMSNorm(8))
+    assert fuse_rms_norms(offset) == 0 and "forward" not in vars(offset[0])
+    ids = torch.randint(0, 1000, (3, 20), generator=torch.Generator().manual_seed(0))
+    outputs = []
+    for m in (model, fused):
+        m.zero_grad()
+        logits = m(input_ids=ids).logits
+        logits.float().pow(2).mean().backward()
+        outputs.append((logits.detach(), [p.grad.clone() for p in m.parameters()]))
+    (want, want_grads), (got, got_grads) = outputs
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(got_grads, want_grads):
+        assert (a - b).norm() <= 1e-5 * b.norm() + 1e-12
+    with torch.no_grad():
+        half = copy.deepcopy(model).to(torch.bfloat16)(input_ids=ids).logits.float()
+        fused_half = copy.deepcopy(fused).to(torch.bfloat16)(input_ids=ids).logits.float()
+    assert fused_half.shape == half.shape and torch.isfinite(fused_half).all()
+    assert (fused_half - want).abs().max() <= 4 * (half - want).abs().max() + 1e-2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the kernel choice is CUDA's")
+def test_training_attention_runs_the_memory_efficient_kernel_on_the_gpu(tiny_model_path):
+    """On packed bf16 rows training's attention runs SDPA's memory-efficient kernel forward and backward
+    (not cuDNN, which plans per shape, nor the math fallback), with eager attention's logits and finite
+    gradients."""
+    model, tokenizer = load_model(tiny_model_path, torch.bfloat16, "cuda")
+    model.set_attn_implementation("eager")
+    sdpa = use_training_attention(copy.deepcopy(model))
+    trainset = data.PairedTrainSet(tokenizer, ["challenger_disaster"], FIXTURE, refusal=REFUSAL, seed=0)
+    seqs = trainset.views(list(range(8)), ("mixed",), True, 0)
+    eager, _, _ = forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cuda", pack=torch.bfloat16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out, logits, _ = forward_views(sdpa, seqs, tokenizer.pad_token_id, "jensunpp", "cuda", pack=torch.bfloat16)
+        logits.float().pow(2).mean().backward()
+        torch.cuda.synchronize()
+    kernels = " ".join(e.name.lower() for e in prof.events())
+    assert "fmha" in kernels or "efficient" in kernels, kernels[:2000]
+    assert "cudnn" not in kernels
+    assert all(torch.isfinite(p.grad).all() for p in sdpa.parameters() if p.grad is not None)
+    for view in seqs:
+        supervised = eager[view]["labels"] != -100
+        assert torch.allclose(out[view]["logits"][supervised].float(), eager[view]["logits"][supervised].float(),
+                              atol=5e-2, rtol=5e-2)
+
+
+def test_fused_rotary_replaces_only_the_rotate_half_form_and_puts_it_back(tiny_model_path):
+    """fused_rotary swaps the Llama modeling module's apply_rotary_pos_emb for the block and restores it;
+    on the CPU the swapped function is transformers' own (the kernel is CUDA's); a partial rotary dimension
+    is not the form it fuses."""
+    import transformers.models.llama.modeling_llama as llama
+    model, _ = load_model(tiny_model_path)
+    original = llama.apply_rotary_pos_emb
+    ids = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        with fused_rotary(model) as patched:
+            assert patched == 1 and llama.apply_rotary_pos_emb is not original
+            assert torch.equal(model(input_ids=ids).logits, want)
+    assert llama.apply_rotary_pos_emb is original
+
+    def partial_rotary(q, k, cos, sin):       # rotates the first half of each head only
+        half = q.shape[-1] // 2
+        q1, k1 = original(q[..., :half], k[..., :half], cos[..., :half], sin[..., :half])
+        return torch.cat((q1, q[..., half:]), -1), torch.cat((k1, k[..., half:]), -1)
+    try:
+        llama.apply_rotary_pos_emb = partial_rotary
+        with fused_rotary(model) as patched:
+            assert patched == 0 and llama.apply_rotary_pos_emb is partial_rotary
+    finally:
+        llama.apply_rotary_pos_emb = original
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the rotary kernel runs on a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_rotary_kernel_equals_transformers_on_the_gpu(tiny_model_path, dtype):
+    """The Triton rotary kernel on odd shapes (37 positions, heads of 64 and 128, cos and sin broadcast over
+    rows): its forward and gradient are rotate_half_rope's in fp32 rounded once (within one bf16 step),
+    and transformers' torch ops' (fp32: to 1e-5; bf16, which rounds each product: to 1% of the norm); then
+    a model's logits and gradients."""
+    import transformers.models.llama.modeling_llama as llama
+    close = lambda a, b, rel: (a.float() - b.float()).norm() <= rel * b.float().norm()
+    rel = 1e-5 if dtype == torch.float32 else 1e-2
+    one_step = dict(rtol=2 ** -7 if dtype == torch.bfloat16 else 1e-5, atol=1e-5)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    attention = torch.nn.Sequential(llama.LlamaAttention(llama.LlamaConfig(hidden_size=64, num_attention_heads=2), 0))
+    for d, rows in ((64, 3), (128, 1)):
+        q = torch.randn(3, 37, 4, d, device="cuda", generator=g).to(dtype).transpose(1, 2).requires_grad_()
+        k = torch.randn(3, 2, 37, d, device="cuda", generator=g).to(dtype).requires_grad_()
+        cos, sin = (torch.randn(rows, 37, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+        outs = []
+        for fused in (False, True):
+            with fused_rotary(attention) if fused else contextlib.nullcontext():
+                q_out, k_out = llama.apply_rotary_pos_emb(q, k, cos, sin)
+            (q_out.float().pow(2).sum() + 3 * k_out.float().sum()).backward()
+            outs.append((q_out.detach(), k_out.detach(), q.grad.clone(), k.grad.clone()))
+            q.grad = k.grad = None
+        (q_want, k_want, *grads_want), (q_out, k_out, q_grad, k_grad) = outs
+        assert torch.allclose(q_out.float(), rotate_half_rope(q.detach(), cos, sin).float(), **one_step)
+        assert torch.allclose(k_out.float(), rotate_half_rope(k.detach(), cos, sin).float(), **one_step)
+        assert torch.allclose(q_grad.float(), rotate_half_rope((2 * q_out.float()).to(dtype), cos, sin, True).float(), **one_step)
+        assert torch.allclose(k_grad.float(), rotate_half_rope(torch.full_like(k_out, 3), cos, sin, True).float(), **one_step)
+        for got, want in zip((q_out, k_out, q_grad, k_grad), (q_want, k_want, *grads_want)):
+            assert close(got, want, rel)
+    model, _ = load_model(tiny_model_path, dtype, "cuda")
+    ids = torch.randint(0, 1000, (2, 40), device="cuda", generator=g)
+    outs = []
+    for fused in (False, True):
+        model.zero_grad()
+        with fused_rotary(model) if fused else contextlib.nullcontext():
+            logits = model(input_ids=ids).logits
+        logits.float().pow(2).mean().backward()
+        outs.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
+    assert close(outs[1][0], outs[0][0], rel)
+    for a, b in zip(outs[1][1], outs[0][1]):
+        assert close(a, b, 10 * rel)
 
 
 def test_packed_attention_mask_keeps_sequences_apart():

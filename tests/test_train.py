@@ -111,9 +111,9 @@ def last_step(tiny, out, method, physical, batch_size=4, steps=4, *extra):
     does the layers after its hook) and its alpha of each loss micro-batch (eq. 4; the first step's
     learning rate is 0, so until the third the policy is the frozen model and alpha 1: the fourth has both)."""
     grads, alphas = [], []
-    clip, balance = torch.nn.utils.clip_grad_norm_, train.balance_alpha
+    clip, balance = train.clip_grad_norm, train.balance_alpha
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(torch.nn.utils, "clip_grad_norm_",
+        m.setattr(train, "clip_grad_norm",
                   lambda params, *a, **k: grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone()
                                                         for p in params]) or clip(params, *a, **k))
         m.setattr(train, "balance_alpha",
@@ -129,12 +129,14 @@ def test_packed_rows_give_the_gradients_of_left_padding(tiny_model_path, tmp_pat
     same computation as left padding (--no-packing): the gradients agree in fp32 for a method of every
     output a loss reads (answer logits, PDU's own-position logits, RMU's hooked hidden states, UNDIAL's
     every position, the frozen model's logits and sequence scores), and so do JensUn++'s alphas at a step
-    where eq. 4 is active."""
+    where eq. 4 is active. Both on eager attention: SDPA's own rounding (the default on packed rows; its
+    outputs: tests/test_model.py) is not packing's, and UNDIAL's gradient at the frozen model cancels
+    to 1e-6 of its terms, where fp32 rounding of the logits shows."""
     steps = 4 if method == "jensunpp" else 1
     calls, pack = [], data.pack
     with pytest.MonkeyPatch.context() as m:
         m.setattr(data, "pack", lambda seqs, *a, **k: calls.append(len(seqs)) or pack(seqs, *a, **k))
-        packed, alphas_packed = last_step(tiny_model_path, tmp_path / "packed", method, 16, 4, steps)
+        packed, alphas_packed = last_step(tiny_model_path, tmp_path / "packed", method, 16, 4, steps, "--attention", "eager")
         packed_calls = len(calls)
         padded, alphas_padded = last_step(tiny_model_path, tmp_path / "padded", method, 16, 4, steps, "--no-packing")
     assert packed_calls >= steps and len(calls) == packed_calls           # the default packs; --no-packing does not
@@ -552,6 +554,25 @@ def test_labels_cover_answer_and_end_of_turn_only(smollm2_path):
                                     {"role": "assistant", "content": "4"}], tokenize=False)
     assert full.startswith(tok.decode(prompt + answer))          # the training system message first
     assert data.SYSTEM_PROMPT not in tok.decode(data.prompt_ids(tok, "What is 2+2?", system=""))   # --system-prompt ""
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 100.0])
+def test_clip_grad_norm_is_torchs(max_norm):
+    """train.clip_grad_norm returns torch's norm and leaves torch's gradients, whether it scales them
+    (0.5) or not (100); a non-finite gradient gives a non-finite norm (the step is then skipped)."""
+    g = torch.Generator().manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(*shape, generator=g)) for shape in ((7, 3), (5,), (2, 2, 2))]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    for a, b in zip(ours, theirs):
+        a.grad = torch.randn(a.shape, generator=g)
+        b.grad = a.grad.clone()
+    norm = train.clip_grad_norm(ours, max_norm)
+    want = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+    assert norm.item() == pytest.approx(want.item(), rel=1e-6)
+    for a, b in zip(ours, theirs):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-6, atol=0)
+    ours[1].grad[0] = float("inf")
+    assert not math.isfinite(train.clip_grad_norm(ours, max_norm).item())
 
 
 def _gloo_available():
