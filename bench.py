@@ -118,6 +118,7 @@ def bench_train(model, method, steps, warmup, out, extra, profile=0):
             "first_step_s": round(log[0]["step_time"], 1), "small_step_s": round(smalls[0], 2) if smalls else None,
             "sync_wait_s": round(sum(r.get("sync_wait", 0.0) for r in full) / len(full), 4), "packing": run_args.packing,
             "attention": run_args.attention if run_args.packing else "eager",
+            **({"fsdp_regather": run_args.fsdp_regather} if world > 1 else {}),
             "tokens_per_s": round(tokens * world / step_time), "mfu_%": round(100 * flops / step_time / (peak * world), 1) if peak else None,
             "peak_mem_gb": round(max(r["peak_mem_gb"] for r in log), 1),
             "topic_minutes": round(topic_s / 60, 2), "steps_per_topic": steps_per_topic, "skipped_updates": skipped,

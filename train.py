@@ -138,12 +138,12 @@ def setup_distributed():
     return rank, world, torch.device("cpu")
 
 
-def shard_model(model, device, bf16):
+def shard_model(model, device, bf16, regather=False):
     """FSDP2: one group per BLOCKS_PER_GROUP consecutive decoder blocks, the embeddings/final norm/head
     grouped (tied embeddings must live in one group), root last. bf16 parameters for compute, fp32 master
-    weights and fp32 gradient reduction. A group's parameters are gathered again for its backward: keeping
-    them from the forward ran no faster on 2 H200s (0.343 against 0.331 s/step) and took 4.5 GB more per
-    card (BENCHMARKS.md)."""
+    weights and fp32 gradient reduction. A group's gathered parameters stay from its forward to its
+    backward: 0.226 against 0.256 s/step on 2 H200s, for 3.9 GB more per card (BENCHMARKS.md);
+    `regather` (--fsdp-regather) gathers them again for the backward instead."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
@@ -151,13 +151,13 @@ def shard_model(model, device, bf16):
     block_names = set(model._no_split_modules or [])
     blocks = [m for m in model.modules() if type(m).__name__ in block_names]
     for i in range(0, len(blocks), BLOCKS_PER_GROUP):
-        fully_shard(blocks[i:i + BLOCKS_PER_GROUP], mesh=mesh, mp_policy=mp)
+        fully_shard(blocks[i:i + BLOCKS_PER_GROUP], mesh=mesh, mp_policy=mp, reshard_after_forward=regather)
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     norm = model.get_decoder().norm
     if head is not None and head.weight is embed.weight:
         fully_shard([embed, norm, head], mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     else:
-        fully_shard(embed, mesh=mesh, mp_policy=mp)
+        fully_shard(embed, mesh=mesh, mp_policy=mp, reshard_after_forward=regather)
         fully_shard([norm, head], mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
@@ -409,7 +409,7 @@ class Trainer:
         self.shape = None                        # under --compile: (rows per view, T, K), see prepare_loop
         self.pack = None                         # the compute dtype where passes pack rows (build_models)
         self.physical = args.physical_batch      # rows per forward pass (halved on running out of memory)
-        self.sync_wait = 0.0                     # seconds the step's one host sync waited for the device
+        self.last_print = 0.0                    # when train_loop last printed a progress line
 
     def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta):
         """Train one stage; returns the exported folder (under --no-save, the starting model)."""
@@ -466,7 +466,7 @@ class Trainer:
         if self.spec.get("setup"):
             self.spec["setup"](model, self.hp, args.seed)
         if self.world > 1:
-            model = shard_model(model.to(device), device, self.bf16)
+            model = shard_model(model.to(device), device, self.bf16, args.fsdp_regather)
         compute = with_parameters_in(copy.deepcopy(model), torch.bfloat16) if self.bf16 and self.world == 1 else model
         compute.train()
         self.model, self.compute, self.ref = model, compute, ref
@@ -546,17 +546,19 @@ class Trainer:
     # -- the loop
 
     def train_loop(self, step, lambda_r):
-        """Optimizer steps from `step` to the stage's end: the learning rate, the step, its log.jsonl line,
-        a progress line every --print-every seconds, a checkpoint every --save-minutes."""
+        """Optimizer steps from `step` to the stage's end: the learning rate, the step, its log.jsonl line
+        and a progress line every --print-every seconds (log_step, one step later), a checkpoint every
+        --save-minutes."""
         args = self.args
         if self.rank == 0:
             truncate_log(Path(args.out) / "log.jsonl", self.stage_name, step)
         log = open(Path(args.out) / "log.jsonl", "a") if self.rank == 0 else None
-        t0, tokens_seen, last_print, last_save, start_step = time.time(), 0, 0.0, time.time(), step
+        t0, tokens_seen, last_save, start_step = time.time(), 0, time.time(), step
         profiler, redo_from = None, None
         batches = step_sequences(self, step)
         if args.profile_steps:
             profiler = StepProfiler(self, step)
+        pending = None                      # the last step's log line, its statistics still on the way (StepReport)
         while step < self.total:
             epoch = step // self.steps_per_epoch
             lr = lr_at(step, self.total, self.steps_per_epoch, self.hp["lr"], args.lr_schedule)
@@ -569,8 +571,7 @@ class Trainer:
                 with record_function("train::data"):
                     micro_batches, seqs = next(batches)
             try:
-                host, grad_norm, lambda_r, step_tokens, save = self.optimizer_step(step, micro_batches, seqs, epoch,
-                                                                                   lambda_r, last_save)
+                report, lambda_r, step_tokens = self.optimizer_step(micro_batches, seqs, epoch, lambda_r, last_save)
             except torch.OutOfMemoryError:
                 if not self.can_shrink():
                     raise
@@ -584,33 +585,56 @@ class Trainer:
             redo_from = None
             step += 1
             tokens_seen += step_tokens
-            elapsed = time.time() - t0
-            record = {"stage": self.stage_name, "step": step, "epoch": epoch, "lr": lr, "grad_norm": grad_norm,
-                      "step_time": time.time() - t_step, "time": time.time(), "tokens_per_s": tokens_seen / elapsed,
-                      "tokens": step_tokens, "ref_tokens": self.ref_tokens - ref_before, "skipped_updates": self.skipped,
-                      "physical_batch": self.physical, "sync_wait": self.sync_wait,
-                      "peak_mem_gb": peak_memory_gb(self.device), **host}
+            record = {"stage": self.stage_name, "step": step, "epoch": epoch, "lr": lr,
+                      "step_time": time.time() - t_step, "time": time.time(), "tokens_per_s": tokens_seen / (time.time() - t0),
+                      "tokens": step_tokens, "ref_tokens": self.ref_tokens - ref_before, "physical_batch": self.physical,
+                      "peak_mem_gb": peak_memory_gb(self.device)}
             if profiler and step - 1 in profiler.window:
                 record["profiled"] = True                # bench.py leaves these steps out of its means
-            if log:
-                log.write(json.dumps(record) + "\n")
-                log.flush()
-            if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:   # every rank sees the same global norm
-                raise RuntimeError(f"[{self.stage_name}] step {step}: {self.skipped_in_a_row} updates in a row "
-                                   "skipped for a non-finite gradient norm; the run is not training (stopped)")
+            # The previous step's line: its statistics reached the host while this step was launched.
+            due = self.log_step(*pending, log, start_step, t0) if pending else False
+            pending = (record, report)
             if profiler:
                 t0 += profiler.end(step - 1)              # its post-processing is not training time
-            if self.rank == 0 and (time.time() - last_print > args.print_every or step == self.total):
-                last_print = time.time()
-                eta = elapsed / (step - start_step) * (self.total - step)
-                shown = " ".join(f"{k} {v:.4g}" for k, v in host.items())
-                print0(f"[{self.stage_name}] step {step}/{self.total} ep {epoch + 1} lr {lr:.2e} {shown} "
-                       f"gnorm {grad_norm:.3g} {record['tokens_per_s']:.0f} tok/s eta {eta / 60:.1f} min")
-            if step < self.total and save:
-                self.checkpoint(step, host["lambda_r"])
+            if step < self.total and due:
+                self.log_step(*pending, log, start_step, t0)   # a checkpoint comes after its step's line
+                pending = None
+                self.checkpoint(step, lambda_r.item())
                 last_save = time.time()
+        if pending:
+            self.log_step(*pending, log, start_step, t0)
         if log:
             log.close()
+
+    def log_step(self, record, report, log, start_step, t0):
+        """A step's log.jsonl line and progress line, once its statistics are on the host; the count of
+        updates skipped for a non-finite gradient norm (every rank sees the same global norm, and stops
+        after MAX_SKIPPED_IN_A_ROW). Returns whether a checkpoint is due (the same on every rank)."""
+        args, step = self.args, record["step"]
+        launched = time.perf_counter()
+        host = report.values()
+        sync_wait = time.perf_counter() - launched         # ~0: the host, not the device, bounds the run
+        grad_norm, due = host.pop("grad_norm"), host.pop("due") > 0
+        if math.isfinite(grad_norm):
+            self.skipped_in_a_row = 0
+        else:                                               # the update was skipped (optimizer_step)
+            self.skipped += 1
+            self.skipped_in_a_row += 1
+            print0(f"[{self.stage_name}] step {step}: non-finite gradient norm, update skipped ({self.skipped} so far)")
+        record.update(grad_norm=grad_norm, skipped_updates=self.skipped, sync_wait=sync_wait, **host)
+        if log:
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+        if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
+            raise RuntimeError(f"[{self.stage_name}] step {step}: {self.skipped_in_a_row} updates in a row "
+                               "skipped for a non-finite gradient norm; the run is not training (stopped)")
+        if self.rank == 0 and (time.time() - self.last_print > args.print_every or step == self.total):
+            self.last_print = time.time()
+            eta = (time.time() - t0) / (step - start_step) * (self.total - step)
+            shown = " ".join(f"{k} {v:.4g}" for k, v in host.items())
+            print0(f"[{self.stage_name}] step {step}/{self.total} ep {record['epoch'] + 1} lr {record['lr']:.2e} {shown} "
+                   f"gnorm {grad_norm:.3g} {record['tokens_per_s']:.0f} tok/s eta {eta / 60:.1f} min")
+        return due
 
     def can_shrink(self):
         """Halving the pass helps only under --physical-batch auto, on one process (under FSDP one rank
@@ -634,12 +658,12 @@ class Trainer:
             torch.cuda.empty_cache()
         print0(f"[{self.stage_name}] out of memory: {self.physical} rows per forward pass from now on")
 
-    def optimizer_step(self, step, micro_batches, seqs, epoch, lambda_r, last_save):
-        """One optimizer step: this rank's loss micro-batches and their sequences (StepSequences), --physical-batch rows per forward pass
-        (backward weighted by their shares, gradients accumulated in the masters), clipping, one host sync,
-        the update unless the gradient norm is not finite. Returns the step's statistics averaged over
-        ranks, the gradient norm, lambda_r, the number of tokens, and whether a checkpoint is due
-        (--save-minutes since `last_save`)."""
+    def optimizer_step(self, micro_batches, seqs, epoch, lambda_r, last_save):
+        """One optimizer step: this rank's loss micro-batches and their sequences (StepSequences),
+        --physical-batch rows per forward pass (backward weighted by their shares, gradients accumulated in
+        the masters), clipping, the update unless the gradient norm is not finite. Returns a StepReport
+        (the statistics averaged over ranks, lambda_r, the gradient norm, and whether a checkpoint is due:
+        --save-minutes since `last_save`), lambda_r and the number of tokens."""
         args, device, compute = self.args, self.device, self.compute
         step_tokens, stats_acc, row = 0, collections.defaultdict(float), 0
         per_pass = self.physical // args.batch_size
@@ -664,27 +688,23 @@ class Trainer:
                     stats_acc[k] = stats_acc[k] + v * weight
         with record_function("train::clip"):
             grad_norm = clip_grad_norm(self.params, args.clip)
-        # The step's single host sync: diagnostics stay on the GPU until here. The checkpoint clock
-        # travels with them, so that every rank decides to save at the same step.
+        # The statistics leave for the host behind the step's kernels and are read after the next step is
+        # launched (log_step), so that the host never waits for the device. The checkpoint clock travels
+        # with them, so that every rank decides to save at the same step.
         due = args.save_minutes > 0 and time.time() - last_save >= 60 * args.save_minutes
         synced = global_mean({**stats_acc, "due": float(due)}, device)
-        launched = time.perf_counter()
-        *values, lambda_host, grad_norm = torch.stack(
+        report = StepReport([*synced, "lambda_r", "grad_norm"], torch.stack(
             [to_device(torch.as_tensor(v, dtype=torch.float32), device) for v in synced.values()]
-            + [lambda_r.float(), grad_norm.float().to(device)]).tolist()
-        self.sync_wait = time.perf_counter() - launched     # ~0: the host, not the device, bounds the step
-        host = {**dict(zip(synced, values)), "lambda_r": lambda_host}
-        save = host.pop("due") > 0
-        if math.isfinite(grad_norm):
+            + [lambda_r.float(), grad_norm.float().to(device)]))
+        # Never let one bad batch poison the weights: no update where the gradient norm is not finite.
+        if device.type == "cuda":                   # decided on the device: fused AdamW skips where found_inf is 1
+            self.optimizer.found_inf = (~torch.isfinite(grad_norm)).float()
             self.optimizer.step()
-            self.skipped_in_a_row = 0
-        else:                                           # never let one bad batch poison the weights
-            self.skipped += 1
-            self.skipped_in_a_row += 1
-            print0(f"[{self.stage_name}] step {step + 1}: non-finite gradient norm, update skipped ({self.skipped} so far)")
+        elif math.isfinite(grad_norm.item()):
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=not self.kept_grads)
         copy_masters(self.shadow)
-        return host, grad_norm, lambda_r, step_tokens, save
+        return report, lambda_r, step_tokens
 
     def forward_pass(self, groups, seqs, epoch, lambda_r):
         """One forward pass over the loss micro-batches `groups` ([(pair indices, weight)]) and their
@@ -776,6 +796,26 @@ def global_mean(stats, device):
     return dict(zip(stats, values / dist.get_world_size()))
 
 
+class StepReport:
+    """A step's statistics on their way to the host: copied into pinned memory behind the step's kernels
+    and read (values()) after the next step has been launched, when the copy is long done."""
+
+    def __init__(self, names, values):
+        self.names, self.ready = names, None
+        if values.is_cuda:
+            self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self.host.copy_(values, non_blocking=True)
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+        else:
+            self.host = values
+
+    def values(self):
+        if self.ready is not None:
+            self.ready.synchronize()
+        return dict(zip(self.names, self.host.tolist()))
+
+
 def peak_memory_gb(device):
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
@@ -857,6 +897,9 @@ def parse_args(argv=None):
                    help="left-pad every sequence to the pass's longest instead of packing several into a row "
                         "(model.packable: models whose every layer is full attention pack; the same losses up to "
                         "rounding, fewer padded positions)")
+    p.add_argument("--fsdp-regather", action="store_true",
+                   help="under FSDP, gather each group's parameters again for its backward instead of keeping them "
+                        "from its forward (less memory, slower)")
     p.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
                    help="attention on packed rows: SDPA's memory-efficient kernel (model.packed_sdpa_attention) or "
                         "transformers' eager attention; left-padded rows always run eager")
