@@ -348,7 +348,7 @@ def use_generation_attention(model, name=GENERATION_ATTENTION):
 def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False):
     """Model and tokenizer from an HF id, a local folder, the alias 'smollm2', or random:<RANDOM_CONFIGS
     key> (random weights, seed 0, the SmolLM2 tokenizer). Safetensors only. SDPA models get
-    `gqa_decode_attention` (train.py sets eager attention for training)."""
+    `gqa_decode_attention` (train.py sets its own attention for training)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
     path = str(smollm2_folder()) if name.startswith("random:") else resolve_model_path(name)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
