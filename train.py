@@ -455,11 +455,14 @@ class Trainer:
         # batch on an H100, most likely CUDA SDPA's backward on the rows with no key to attend to; eager
         # attention masks with a finite minimum, and the runs that used it passed that batch. Packed rows have
         # no such row, and run SDPA on its memory-efficient kernel (model.packed_sdpa_attention).
-        if self.pack and args.attention == "sdpa":
+        # Fused kernels in eager mode only: under --compile inductor fuses transformers' ops itself (a CPU
+        # test compiled them in 87 s, the fused kernels in 143 s).
+        if self.pack and args.attention == "sdpa" and not args.compile:
             use_training_attention(model)
         else:
             model.set_attn_implementation("eager")
-        fuse_rms_norms(model)                        # the copies below (frozen, bf16 compute) inherit it
+        if not args.compile:
+            fuse_rms_norms(model)                    # the copies below (frozen, bf16 compute) inherit it
         ref = None
         if self.spec["ref"]:
             ref = with_parameters_in(copy.deepcopy(model).to(device), torch.bfloat16 if self.bf16 else torch.float32).eval()
@@ -903,7 +906,7 @@ def parse_args(argv=None):
                         "from its forward (less memory, slower)")
     p.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
                    help="attention on packed rows: SDPA's memory-efficient kernel (model.packed_sdpa_attention) or "
-                        "transformers' eager attention; left-padded rows always run eager")
+                        "transformers' eager attention; left-padded rows and --compile run eager")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels where torch has them (torch.use_deterministic_algorithms; others "
