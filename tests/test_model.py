@@ -229,15 +229,26 @@ class OffsetRMSNorm(torch.nn.Module):
         return (y * (1.0 + self.weight.float())).type_as(x)
 
 
+class ScaledRMSNorm(OffsetRMSNorm):
+    """A norm whose forward reads more than weight and eps (the check must not fail on it)."""
+
+    def __init__(self, size):
+        super().__init__(size)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return super().forward(x) * self.scale
+
+
 def test_fused_rms_norms_compute_transformers_norms(tiny_model_path):
     """fuse_rms_norms switches every norm of the weight * x / rms(x) form (two a block and the final one)
-    and leaves another form alone; in fp32 the logits and every gradient are transformers' own, and in
+    and leaves other forms alone; in fp32 the logits and every gradient are transformers' own, and in
     bf16 the logits stay within bf16 rounding of them (one rounding less)."""
     model, _ = load_model(tiny_model_path)
     fused = copy.deepcopy(model)
     assert fuse_rms_norms(fused) == 2 * model.config.num_hidden_layers + 1
-    offset = torch.nn.Sequential(OffsetRMSNorm(8))
-    assert fuse_rms_norms(offset) == 0 and "forward" not in vars(offset[0])
+    offset = torch.nn.Sequential(OffsetRMSNorm(8), ScaledRMSNorm(8))
+    assert fuse_rms_norms(offset) == 0 and all("forward" not in vars(m) for m in offset)
     ids = torch.randint(0, 1000, (3, 20), generator=torch.Generator().manual_seed(0))
     outputs = []
     for m in (model, fused):
