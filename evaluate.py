@@ -147,7 +147,8 @@ def probe_queries(topic, root, word):
 # ----------------------------------------------------------------------------------------------
 # Generation and judging (resumable)
 
-def read_jsonl_dict(path, key="id"):
+def read_jsonl_dict(path, key="id", keep=lambda row: True):
+    """{row[key]: row} of a JSON Lines file, the last line of a key winning, over the rows `keep` accepts."""
     if not Path(path).exists():
         return {}
     out = {}
@@ -157,7 +158,8 @@ def read_jsonl_dict(path, key="id"):
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue          # a line cut by a kill: regenerate it
-            out[row[key]] = row
+            if keep(row):
+                out[row[key]] = row
     return out
 
 
@@ -181,7 +183,7 @@ def generate_answers(get_model, queries, out_dir, batch_size, prompt_format="pap
     """Answers for all queries in `prompt_format`; finished ones (in that format) are read back from
     answers.jsonl, new ones appended in chunks as they are produced. `share_prefix`: see model.generate."""
     path = Path(out_dir) / "answers.jsonl"
-    done = {k: v["answer"] for k, v in read_jsonl_dict(path).items() if v.get("prompt_format", "chat") == prompt_format}
+    done = {k: v["answer"] for k, v in read_jsonl_dict(path, keep=lambda v: v.get("prompt_format", "chat") == prompt_format).items()}
     todo = [q for q in queries if q["id"] not in done]
     if todo:
         model, tokenizer = get_model()

@@ -144,9 +144,9 @@ def test_queries_cover_the_protocol():
 
 
 def test_end_to_end_on_smollm2_with_resume(smollm2_path, tmp_path):
-    """The real SmolLM2 through generation, judging, MMLU and the report, then resumed and asked again in
-    the chat format. The adversarial and retain sets only (39 answers): the forget set's 96 paper-format
-    answers took 80 s of a 2-core CI machine, and the tiny-model tests cover its rows and rates."""
+    """The real SmolLM2 through generation, judging, MMLU and the report, then resumed. The adversarial and
+    retain sets only (39 answers): the forget set's 96 paper-format answers took 80 s of a 2-core CI
+    machine, and the tiny-model tests cover its rows and rates (and the next one, the chat format)."""
     out = tmp_path / "eval"
     args = [smollm2_path, "--data-root", str(FIXTURE), "--out", str(out), "--limit", "1", "--sets", "adversarial",
             "retain", "--skip", "rep", "rgq", "--mmlu-n", "8", "--batch-size", "32"]
@@ -163,11 +163,23 @@ def test_end_to_end_on_smollm2_with_resume(smollm2_path, tmp_path):
     n_answers = len(open(out / "answers.jsonl").readlines())
     evaluate.main(args)
     assert len(open(out / "answers.jsonl").readlines()) == n_answers
-    # the chat format is generated anew (answers of one format never stand in for the other)
-    adversarial = sum(r["set"] == "adversarial" for r in rows)
-    evaluate.main(args + ["--prompt-format", "chat", "--sets", "adversarial", "--skip", "mmlu", "rep", "rgq"])
-    assert len(open(out / "answers.jsonl").readlines()) == n_answers + adversarial
+
+
+def test_answers_of_one_prompt_format_never_stand_in_for_the_other(tiny_model_path, tmp_path):
+    """A folder answered in the paper format, asked again in the chat format, generates every answer anew
+    (and a rerun in either format reads its own back)."""
+    out = tmp_path / "eval"
+    args = [tiny_model_path, "--data-root", str(FIXTURE), "--out", str(out), "--limit", "1", "--sets", "adversarial",
+            "--skip", "mmlu", "rep", "rgq", "--judge", "rules"]
+    evaluate.main(args)
+    n_answers = len(open(out / "answers.jsonl").readlines())
+    assert n_answers > 0 and json.loads((out / "metrics.json").read_text())["prompt_format"] == ["paper"]
+    for _ in range(2):
+        evaluate.main(args + ["--prompt-format", "chat"])
+        assert len(open(out / "answers.jsonl").readlines()) == 2 * n_answers
     assert json.loads((out / "metrics.json").read_text())["prompt_format"] == ["chat"]
+    evaluate.main(args)
+    assert len(open(out / "answers.jsonl").readlines()) == 2 * n_answers
 
 
 def test_paper_prompt_format():
