@@ -65,9 +65,11 @@ def test_precision_follows_the_cpu(monkeypatch, amx, avx512_bf16, onednn_bf16, c
 
 def test_precision_of_a_run_and_an_evaluation(tiny_model_path, tmp_path, monkeypatch, capsys):
     """train.py's first line says which precision it chose and why, config.json records it, and the
-    compute copy has its dtype; evaluate.py loads the model in the chosen dtype and records it."""
+    compute copy has its dtype; evaluate.py loads the model in the chosen dtype and records it. On a
+    machine without a GPU (one that has one is hidden: there auto picks bf16 for the GPU)."""
     import evaluate
     import train
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for native, dtype in ((False, torch.float32), (True, torch.bfloat16)):
         cpu_probe(monkeypatch, amx=native, avx512_bf16=native)
         out = tmp_path / f"run_{native}"
