@@ -15,7 +15,7 @@ import torch
 import bench
 import profiler
 import train
-from conftest import ROOT
+from conftest import ROOT, free_port
 
 
 def test_parallel_trainings_report_aggregate_steps_per_second(tiny_model_path, tmp_path, monkeypatch):
@@ -67,7 +67,7 @@ def test_train_part_under_torchrun(tmp_path):
     test passes either way on a quiet CPU, it checks the whole torchrun path). The profiled steps (2-3,
     after the warm-up step) are left out of the mean: it is over steps 4-5."""
     out = tmp_path / "bench"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29541",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            str(ROOT / "bench.py"), "--model", "random:tiny", "--parts", "train", "--methods", "graddiff",
            "--steps", "5", "--warmup", "1", "--profile", "2", "--out", str(out),
            "--train-args", "--global-batch", "4", "--batch-size", "2", "--precision", "fp32"]

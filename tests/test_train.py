@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 import data
 import losses
 import train
-from conftest import FIXTURE, ROOT
+from conftest import FIXTURE, ROOT, free_port
 from model import load_model
 
 REFUSAL = "Unfortunately, I cannot answer that."
@@ -597,7 +597,7 @@ def test_fsdp_two_processes_on_cpu_match_one_process(tiny_model_path, tmp_path, 
     common = ["--method", "graddiff", "--model", tiny_model_path, "--data-root", str(FIXTURE), "--lr", "1e-3",
               "--max-steps", "2", "--precision", "fp32", "--global-batch", str(global_batch), "--batch-size", "2",
               "--refusal", REFUSAL]
-    run_args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533",
+    run_args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
                 str(ROOT / "train.py"), *common, "--out", str(tmp_path / "fsdp")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}    # on the CPU on any machine
     proc = subprocess.run(run_args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
