@@ -183,7 +183,9 @@ def generate_answers(get_model, queries, out_dir, batch_size, prompt_format="pap
     """Answers for all queries in `prompt_format`; finished ones (in that format) are read back from
     answers.jsonl, new ones appended in chunks as they are produced. `share_prefix`: see model.generate."""
     path = Path(out_dir) / "answers.jsonl"
-    done = {k: v["answer"] for k, v in read_jsonl_dict(path, keep=lambda v: v.get("prompt_format", "chat") == prompt_format).items()}
+    def in_format(row):
+        return row.get("prompt_format", "chat") == prompt_format
+    done = {k: v["answer"] for k, v in read_jsonl_dict(path, keep=in_format).items()}
     todo = [q for q in queries if q["id"] not in done]
     if todo:
         model, tokenizer = get_model()
