@@ -272,11 +272,13 @@ block_lkf() {
   run python report.py lkf "$out/tables.md" "base=$out/base/eval_lkf/final,$out/base/eval/final,$out/base/eval/final" $args
 }
 
-lkf_small_flags() {   # LKF* flags on the injected SmolLM2: the LKF* table's loss factors, its LR scaled by the pick's factor over SUITE's
+lkf_small_flags() {   # "METHOD FLAGS" for each METHOD=PICKED_LR: LKF* flags on the injected SmolLM2, the LKF* table's
+  # loss factors and its LR scaled by the pick's factor over SUITE's (one python for all: each import of torch costs seconds)
   python -c "import losses, sys
-m, pick = sys.argv[1], float(sys.argv[2])
-suite, lkf = losses.resolve_hparams(m, 'llama'), losses.resolve_hparams(m, 'llama', 'lkf')
-print('--lr %.2g --lambda-f %g --lambda-r %g' % (pick * lkf['lr'] / suite['lr'], lkf['lambda_f'], lkf['lambda_r']))" "$1" "$2"
+for arg in sys.argv[1:]:
+    m, pick = arg.split('=')
+    suite, lkf = losses.resolve_hparams(m, 'llama'), losses.resolve_hparams(m, 'llama', 'lkf')
+    print(m, '--lr %.2g --lambda-f %g --lambda-r %g' % (float(pick) * lkf['lr'] / suite['lr'], lkf['lambda_f'], lkf['lambda_r']))" "$@"
 }
 
 block_lkf_small() {
@@ -284,16 +286,21 @@ block_lkf_small() {
   # chat format, side by side ($JOBS, $GPUS). SUITE-trained runs use the method's pick (SMALL_PICKS); LKF*-trained
   # ones the LKF* table's loss factors and its learning rate times the pick's factor over the SUITE table's LR
   # (the paper tuned each dataset apart; this carries its LKF*/SUITE ratio over to the small model).
-  local out=$RUNS/lkf_small m pick lr args=""
+  local out=$RUNS/lkf_small m pick lr args="" picked_lrs=""
+  local -A pick_of=() lkf_flags=()
   local eval_args="--judge heuristic --prompt-format $SMALL_PROMPT --batch-size 256 --skip mmlu rep rgq"
   [ $DRY = 1 ] || [ -f "$SMALL_MODEL/config.json" ] || { echo "block lkf_small: no model at $SMALL_MODEL (run block small's part inject, or set SMALL_MODEL)"; return 1; }
   [ $DRY = 1 ] || { trap small_cleanup EXIT; mkdir -p "$out"; }
+  for m in $LKF_METHODS; do
+    pick_of[$m]=$(small_pick "$m"); lr=${pick_of[$m]#--lr }; picked_lrs+=" $m=${lr%% *}"
+  done
+  while read -r m flags; do lkf_flags[$m]=$flags; done < <(lkf_small_flags $picked_lrs)
   start_mps
   {
     echo "[ -f $out/base/eval_lkf/final/metrics.json ] || { python evaluate.py $SMALL_MODEL $eval_args --protocol lkf --out $out/base/eval_lkf/final && python evaluate.py $SMALL_MODEL $eval_args --topics challenger_disaster --out $out/base/eval/final; } > $out/base.log 2>&1"
     for m in $LKF_METHODS; do
-      pick=$(small_pick "$m"); lr=${pick#--lr }; lr=${lr%% *}
-      echo "[ -f $out/$m-lkf/eval/final/metrics.json ] || { python train.py --method $m --model $SMALL_MODEL --recipe lkf $(lkf_small_flags "$m" "$lr") $SMALL_TRAIN_ARGS --print-every 60 --out $out/$m-lkf && python evaluate.py $out/$m-lkf $eval_args --protocol lkf && python evaluate.py $out/$m-lkf $eval_args --topics challenger_disaster; } > $out/$m-lkf.log 2>&1"
+      pick=${pick_of[$m]}
+      echo "[ -f $out/$m-lkf/eval/final/metrics.json ] || { python train.py --method $m --model $SMALL_MODEL --recipe lkf ${lkf_flags[$m]} $SMALL_TRAIN_ARGS --print-every 60 --out $out/$m-lkf && python evaluate.py $out/$m-lkf $eval_args --protocol lkf && python evaluate.py $out/$m-lkf $eval_args --topics challenger_disaster; } > $out/$m-lkf.log 2>&1"
       echo "[ -f $out/$m-suite/eval/final/metrics.json ] || { python train.py --method $m --model $SMALL_MODEL --topics challenger_disaster $pick $SMALL_TRAIN_ARGS --print-every 60 --out $out/$m-suite && python evaluate.py $out/$m-suite $eval_args --topics challenger_disaster; } > $out/$m-suite.log 2>&1"
     done
   } | pool || echo "the tables hold the runs that finished"

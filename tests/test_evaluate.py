@@ -373,7 +373,7 @@ def test_answers_without_the_shared_prefix_are_the_same(smollm2_path, tmp_path):
     assert sum(bool(a) for a in answers[True].values()) > len(queries) / 2
 
 
-def test_bad_input_is_one_line_and_leaves_no_folder(tiny_model_path, tmp_path, fixture_root):
+def test_bad_input_is_one_line_and_leaves_no_folder(tiny_model_path, tmp_path, fixture_root, monkeypatch, capsys):
     """Each mistake: exit 1 with one line naming the file, line or flag, before any model loads, and no
     output folder (no CKPT/eval, no runs/eval_<name>, no --out)."""
     (tmp_path / "empty").mkdir()
@@ -391,11 +391,19 @@ def test_bad_input_is_one_line_and_leaves_no_folder(tiny_model_path, tmp_path, f
              ([tiny_model_path, "--judge", "http", "--judge-url", dead, "--out", str(out)],
               f"no judge server answers at {dead}", out),
              ([tiny_model_path, "--batch-size", "0", "--out", str(out)], "--batch-size 0: must be >= 1", out)]
-    for argv, message, absent in cases:
-        proc = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *argv], capture_output=True, text=True,
-                              cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        error = proc.stderr.strip().split("\n")
-        assert proc.returncode == 1 and len(error) == 1 and error[0].startswith("evaluate.py: "), (argv, proc.stderr)
+    # Two as the user runs them (a process whose whole stderr is that line; HF_HUB_OFFLINE is read at import),
+    # the rest in this process (the message main() exits with, and nothing printed before it).
+    for i, (argv, message, absent) in enumerate(cases):
+        if i in (2, 4):
+            proc = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *argv], capture_output=True, text=True,
+                                  cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            returncode, error = proc.returncode, proc.stderr.strip().split("\n")
+        else:
+            monkeypatch.chdir(tmp_path)
+            with pytest.raises(SystemExit) as e:
+                evaluate.main(argv)
+            returncode, error = 1, [line for line in capsys.readouterr().err.splitlines() if line] + [e.value.code]
+        assert returncode == 1 and len(error) == 1 and error[0].startswith("evaluate.py: "), (argv, error)
         assert message in error[0], (message, error[0])
         assert not absent.exists(), argv
 

@@ -526,15 +526,15 @@ def test_smollm2_jensunpp_forget_loss_falls(smollm2_path, fixture_root, tmp_path
     """JensUn++ on the real SmolLM2-135M-Instruct: the forget JS falls within a few steps, and alpha
     follows eq. 4's rule: exactly 1 while a loss is at or below epsilon (at step 1 the policy is the
     frozen model, so the retain JS is ~1e-8), the logit-gradient ratio (positive, not 1) once both
-    exceed it; the checkpoint is written. The topic is cut to 4 pairs and one step is one epoch, so every
+    exceed it; the checkpoint is written. The topic is cut to 2 pairs and one step is one epoch, so every
     step sees the same pairs, and one micro-batch per step makes the logged losses alpha's own."""
     final = fixture_root / "challenger_disaster" / "final"
     for name in ("forget_train", "retain_train"):
         lines = (final / f"{name}.json").read_text().splitlines()
-        (final / f"{name}.json").write_text("\n".join(lines[:4]) + "\n")
+        (final / f"{name}.json").write_text("\n".join(lines[:2]) + "\n")
     train.main(["--method", "jensunpp", "--model", smollm2_path, "--data-root", str(fixture_root),
                 "--out", str(tmp_path / "smol"), "--refusal", REFUSAL, "--print-every", "0",
-                "--max-steps", "4", "--batch-size", "4", "--global-batch", "4", "--lr", "1e-4"])
+                "--max-steps", "4", "--batch-size", "2", "--global-batch", "2", "--lr", "1e-4"])
     log = [json.loads(line) for line in open(tmp_path / "smol" / "log.jsonl")]
     assert len(log) == 4 and all(math.isfinite(r["loss"]) for r in log)
     assert log[-1]["js_forget"] < log[0]["js_forget"] - 0.05, [r["js_forget"] for r in log]
@@ -636,12 +636,17 @@ def test_compile_flag():
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["jensunpp", "npo"])
 def test_compile_blocks_matches_eager(tiny_model_path, tmp_path, method, monkeypatch):
-    """Compiled decoder blocks (dynamic shapes; inductor on CPU) train like eager mode, also through the
+    """Compiled decoder blocks (dynamic shapes) train like eager mode, also through the
     smaller last step of an epoch (36 pairs: a step of 32 in one pass of four loss micro-batches of 8, then
     one of 4, packed into two rows at least). JensUn++ reads the frozen model's logits, NPO its sequence
     scores (both through compiled blocks).
-    Two decoder layers, as above."""
+    Two decoder layers, as above. On a CPU the compiled graphs run through AOTAutograd's eager backend: the
+    same capture, joint graph and partition, without inductor's C++ code (73 s of a 2-core CI machine, for
+    a backend that no training uses: --compile is for GPUs, where this test runs inductor itself)."""
     from transformers import LlamaConfig
+    if not torch.cuda.is_available():
+        compile_module = torch.nn.Module.compile
+        monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: compile_module(self, *a, backend="aot_eager", **k))
     two_layers = str(tmp_path / "two-layers")
     tiny_model(two_layers, LlamaConfig, tiny_model_path)
     common = ["--lr", "1e-3", "--max-steps", "2", "--batch-size", "8"]
