@@ -757,9 +757,10 @@ def test_server_restart_mid_run(smollm2_server, tmp_path):
             smollm2_server.stop()
             restarted.append((done, smollm2_server.start()))
 
-    out = j.verdicts("gibberish", EASY, progress=progress)
-    assert len(restarted) == 1 and restarted[0][0] < len(EASY) and restarted[0][1]
-    assert len(out) == len(EASY) and set(out) <= VERDICTS and out.count("INVALID") < len(EASY)
+    items = EASY[:4]               # two a worker: one answered before the kill, at least one after the restart
+    out = j.verdicts("gibberish", items, progress=progress)
+    assert len(restarted) == 1 and restarted[0][0] < len(items) and restarted[0][1]
+    assert len(out) == len(items) and set(out) <= VERDICTS and out.count("INVALID") < len(items)
     assert j.transport_errors >= 1  # requests failed while the server was down and were retried
     print(f"restart after {restarted[0][0]} verdicts; {j.transport_errors} transport errors, {j.requests} requests")
 
