@@ -10,6 +10,7 @@ import copy
 import functools
 import importlib.util
 import inspect
+import math
 import os
 import shutil
 import sys
@@ -736,7 +737,80 @@ def packed_attention_mask(segments, dtype):
     return mask[:, None]
 
 
-def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None, min_k=0, shape=None, pack=None):
+def packed_logits(model, batch, dtype):
+    """The logits (N, K + 1, V), in the model's dtype, of data.pack's rows at their kept positions: the
+    block-diagonal mask made from `segments` in `dtype`, the output projection applied to the kept
+    positions only ((R, L, d) -> (N, K + 1, d) before the head)."""
+    keep = batch["keep"]
+    handle = model.get_output_embeddings().register_forward_pre_hook(
+        lambda module, args: (args[0].flatten(0, 1)[keep],) + tuple(args[1:]))
+    try:
+        return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False,
+                     attention_mask=packed_attention_mask(batch["segments"], dtype), logits_to_keep=0).logits
+    finally:
+        handle.remove()
+
+
+class GraphedForward:
+    """packed_logits of a frozen model replayed from CUDA graphs: the host launches one graph where eager
+    mode launches each layer's kernels from Python, tens of ms a step for a 28-layer model (BENCHMARKS.md),
+    which a rank with a small share of the batch waits on. A shape (the packed rows' and the kept
+    positions') runs eagerly the first time it is seen, which also warms cuBLAS and Triton up for it; it
+    is captured the second time and replayed after that. Graphs share one memory pool for their
+    transient tensors and write their logits into a buffer outside it (grown when a shape needs more), so
+    the pool holds one pass's worth; after `max_graphs` captures new shapes run eagerly. The logits
+    returned belong to the graphs until the next replay: the caller copies them first (forward_views
+    does). A capture that fails (an op that syncs with the host, in some model's code) is reported once,
+    and the model runs eagerly from then on."""
+    KEYS = ("input_ids", "position_ids", "segments", "keep")
+
+    def __init__(self, max_graphs=64):
+        self.max_graphs, self.graphs, self.seen, self.pool, self.buffer = max_graphs, {}, set(), None, None
+        self.failed, self.captures, self.replays = None, 0, 0
+
+    def __call__(self, model, batch, dtype):
+        key = tuple(tuple(batch[k].shape) for k in self.KEYS) + (dtype,)
+        if key in self.graphs:
+            graph, static, logits = self.graphs[key]
+            for k in self.KEYS:
+                static[k].copy_(batch[k])
+            graph.replay()
+            self.replays += 1
+            return logits
+        if self.failed or key not in self.seen or len(self.graphs) >= self.max_graphs:
+            self.seen.add(key)
+            return packed_logits(model, batch, dtype)
+        head = model.get_output_embeddings().weight
+        shape = (*batch["keep"].shape, head.shape[0])
+        if self.buffer is None or self.buffer.numel() < math.prod(shape):
+            self.buffer = torch.empty(math.prod(shape), dtype=head.dtype, device=head.device)
+        logits = self.buffer[:math.prod(shape)].view(shape)
+        static = {k: batch[k].clone() for k in self.KEYS}
+        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        self.pool = self.pool or torch.cuda.graph_pool_handle()
+        stream.wait_stream(torch.cuda.current_stream())
+        # capture_begin/end rather than torch.cuda.graph(), which empties the allocator's cache every time
+        try:
+            with torch.cuda.stream(stream):
+                graph.capture_begin(self.pool, capture_error_mode="thread_local")
+                try:
+                    logits.copy_(packed_logits(model, static, dtype))
+                finally:
+                    graph.capture_end()
+        except RuntimeError as e:
+            self.failed = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+            print(f"CUDA graphs of the frozen model: capture failed ({self.failed}); it runs eagerly", flush=True)
+            torch.cuda.current_stream().wait_stream(stream)
+            return packed_logits(model, batch, dtype)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph.replay()
+        self.graphs[key] = (graph, static, logits)
+        self.captures += 1
+        return logits
+
+
+def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None, min_k=0, shape=None, pack=None,
+                  graphs=None):
     """One forward over all views concatenated (one big batch is faster than one pass per view).
     Returns {view: {"logits" (B, K, V) fp32 predicting the labels, "own_logits" (B, K, V) at the labels'
     own positions, "labels", "weights", "answer_mask"[, "hidden" (B, K, d) at the labels' own positions]}},
@@ -747,36 +821,42 @@ def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None
     rounded up to a multiple of 8 (BENCHMARKS.md: unaligned lengths ran attention on slow bmm kernels).
     `pack`: the compute dtype to pack the sequences into rows in (data.pack; the mask is made in it), in
     place of left padding: the same logits, fewer padded positions (`shape` then fills no rows, but keeps
-    two rows at least). Only for a model that model.packable allows."""
+    two rows at least). Only for a model that model.packable allows. `graphs`: a GraphedForward that runs
+    the packed rows' pass in place of packed_logits (a frozen model on a GPU)."""
+    if graphs is not None and hidden_layer is not None:
+        raise ValueError("forward_views: a graph replay runs no hook, so it cannot return hidden states")
     names = list(seqs_by_view)
     rows_per_view = {n: shape[0] if shape and not pack else len(seqs_by_view[n]) for n in names}
     flat = [s for n in names for s in seqs_by_view[n] + seqs_by_view[n][:1] * (rows_per_view[n] - len(seqs_by_view[n]))]
     captured, handles = {}, []
-    if pack:
-        packed = data.pack(flat, pad_id, scheme, min_k, multiple=8, min_rows=2 if shape else 1)
-        batch = {k: to_device(v, device) for k, v in packed.items()}
-        inputs = {"attention_mask": packed_attention_mask(batch["segments"], pack), "logits_to_keep": 0}
-        keep = batch["keep"]
-        # The head sees only the kept positions: (R, L, d) -> (N, K + 1, d) before the output projection.
-        handles.append(model.get_output_embeddings().register_forward_pre_hook(
-            lambda module, args: (args[0].flatten(0, 1)[keep],) + tuple(args[1:])))
-    else:
-        fixed = shape[1:] if shape and shape[1] is not None else None
-        batch = {k: to_device(v, device) for k, v in data.collate(flat, pad_id, scheme, min_k, fixed, multiple=8).items()}
-        inputs = {"attention_mask": batch["attention_mask"], "logits_to_keep": batch["labels"].shape[1] + 1}
-    K = batch["labels"].shape[1]
     if hidden_layer is not None:
         def hook(module, args, output):
             captured["h"] = output[0] if isinstance(output, tuple) else output
         handles.append(hidden_layer.register_forward_hook(hook))
     try:
-        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False, **inputs).logits
+        if pack:
+            K = max([min_k] + [len(s["targets"]) for s in flat])
+            # Under graphs K + 1 rounded up to a multiple of 8 (fewer shapes to capture; cut back below).
+            k_pass = -(-(K + 1) // 8) * 8 - 1 if graphs else K
+            packed = data.pack(flat, pad_id, scheme, k_pass, multiple=8, min_rows=2 if shape else 1)
+            batch = {k: to_device(v, device) for k, v in packed.items()}
+            logits = (graphs or packed_logits)(model, batch, pack)
+            if k_pass > K:
+                logits = logits[:, -(K + 1):]
+                batch.update({k: batch[k][:, -K:] for k in ("labels", "weights", "answer_mask")})
+        else:
+            fixed = shape[1:] if shape and shape[1] is not None else None
+            batch = {k: to_device(v, device) for k, v in data.collate(flat, pad_id, scheme, min_k, fixed, multiple=8).items()}
+            logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False,
+                           attention_mask=batch["attention_mask"], logits_to_keep=batch["labels"].shape[1] + 1).logits
     finally:
         for handle in handles:
             handle.remove()
-    logits = logits.float()                                                  # (N, K + 1, V)
+    K = batch["labels"].shape[1]
+    # (N, K + 1, V) in fp32, a copy of a graph's output (which its next replay overwrites)
+    logits = logits.clone() if graphs and logits.dtype == torch.float32 else logits.float()
     if "h" in captured:                                                      # (N, K, d) at the labels' own positions
-        hidden = captured["h"].flatten(0, 1)[keep[:, 1:]] if pack else captured["h"][:, -K:]
+        hidden = captured["h"].flatten(0, 1)[batch["keep"][:, 1:]] if pack else captured["h"][:, -K:]
     out, start = {}, 0
     for name in names:
         rows = slice(start, start + len(seqs_by_view[name]))

@@ -35,8 +35,8 @@ from torch.profiler import record_function
 
 import data
 import losses
-from model import (Progress, check_model, choose_precision, forward_views, fuse_rms_norms, fused_rotary, generate,
-                   load_model, model_family, packable, to_device, use_training_attention, with_parameters_in)
+from model import (GraphedForward, Progress, check_model, choose_precision, forward_views, fuse_rms_norms, fused_rotary,
+                   generate, load_model, model_family, packable, to_device, use_training_attention, with_parameters_in)
 from profiler import StepProfiler
 
 # Refusals the paper found for its models (appendix B.1, tab:refusal_responses), without the prefix.
@@ -404,6 +404,7 @@ class Trainer:
         self.args, self.rank, self.world, self.device = args, rank, world, device
         self.spec = losses.METHODS[args.method]
         self.ref_tokens = 0                              # tokens through the frozen model (benchmarks)
+        self.ref_graphs = None                           # its CUDA graphs (build_models)
         self.skipped = 0                                 # updates skipped for a non-finite gradient
         self.skipped_in_a_row = 0                        # ... since the last update applied
         self.bf16 = choose_precision(args.precision, device)[0] == "bf16"   # bf16 compute, fp32 masters (build_models)
@@ -467,6 +468,10 @@ class Trainer:
         if self.spec["ref"]:
             ref = with_parameters_in(copy.deepcopy(model).to(device), torch.bfloat16 if self.bf16 else torch.float32).eval()
             ref.requires_grad_(False)
+        # The frozen model's packed passes replayed from CUDA graphs on a GPU (model.GraphedForward); under
+        # --compile graphs it is compiled with them, under --compile blocks its blocks are.
+        self.ref_graphs = (GraphedForward() if ref is not None and self.pack and device.type == "cuda"
+                           and not args.compile and args.reference_graphs else None)
         if self.spec.get("setup"):
             self.spec["setup"](model, self.hp, args.seed)
         if self.world > 1:
@@ -593,6 +598,8 @@ class Trainer:
                       "step_time": time.time() - t_step, "time": time.time(), "tokens_per_s": tokens_seen / (time.time() - t0),
                       "tokens": step_tokens, "ref_tokens": self.ref_tokens - ref_before, "physical_batch": self.physical,
                       "peak_mem_gb": peak_memory_gb(self.device)}
+            if self.ref_graphs:                          # the frozen model's passes so far: captured, replayed
+                record["ref_graphs"] = [self.ref_graphs.captures, self.ref_graphs.replays]
             if profiler and step - 1 in profiler.window:
                 record["profiled"] = True                # bench.py leaves these steps out of its means
             # The previous step's line: its statistics reached the host while this step was launched.
@@ -652,6 +659,8 @@ class Trainer:
         self.physical = max(batch_size, self.physical // 2 // batch_size * batch_size)
         if self.shape:
             self.shape = (self.physical, *self.shape[1:])
+        if self.ref_graphs:
+            self.ref_graphs = GraphedForward()           # their memory back; shapes change with the pass
         if self.shadow:
             self.compute.zero_grad(set_to_none=True)
         for m in self.kept_grads:
@@ -756,11 +765,12 @@ class Trainer:
         if kind == "seq_logprob":
             fill = self.shape if self.args.compile == "blocks" else None
             out, _, n = forward_views(self.ref, {view: seqs[view]}, self.pad_id, "uniform", self.device, shape=fill,
-                                      pack=self.pack)
+                                      pack=self.pack, graphs=self.ref_graphs)
             self.ref_tokens += n
             return {"seq_logprob": losses.summed_logprob(out[view]["logits"], out[view]["labels"])}
         out, _, n = forward_views(self.ref, {view: seqs[view]}, self.pad_id, "uniform", self.device,
-                                  self.hooks[1] if kind == "hidden" else None, min_k=K, shape=self.shape, pack=self.pack)
+                                  self.hooks[1] if kind == "hidden" else None, min_k=K, shape=self.shape, pack=self.pack,
+                                  graphs=self.ref_graphs if kind != "hidden" else None)
         self.ref_tokens += n
         return {kind: out[view][kind]}
 
@@ -907,6 +917,9 @@ def parse_args(argv=None):
     p.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
                    help="attention on packed rows: SDPA's memory-efficient kernel (model.packed_sdpa_attention) or "
                         "transformers' eager attention; left-padded rows and --compile run eager")
+    p.add_argument("--eager-reference", dest="reference_graphs", action="store_false",
+                   help="run the frozen model's passes eagerly on a GPU, not replayed from CUDA graphs "
+                        "(model.GraphedForward: a shape is captured the second time it is seen)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic kernels where torch has them (torch.use_deterministic_algorithms; others "

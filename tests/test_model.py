@@ -20,10 +20,10 @@ import torch
 import data
 import losses
 from conftest import FIXTURE, ROOT
-from model import (GENERATION_ATTENTION, TRAINING_ATTENTION, cache_argument, choose_precision, common_prefix_length,
-                   forward_views, full_attention_cache, fuse_rms_norms, fused_rotary, generate, gqa_decode_attention, load_model,
-                   model_family, packable, packed_attention_mask, reserved_cache, smollm2_folder,
-                   rotate_half_rope, special_tokens_from_config, to_device, use_generation_attention,
+from model import (GENERATION_ATTENTION, TRAINING_ATTENTION, GraphedForward, cache_argument, choose_precision,
+                   common_prefix_length, forward_views, full_attention_cache, fuse_rms_norms, fused_rotary, generate,
+                   gqa_decode_attention, load_model, model_family, packable, packed_attention_mask, reserved_cache,
+                   smollm2_folder, rotate_half_rope, special_tokens_from_config, to_device, use_generation_attention,
                    use_training_attention)
 
 REFUSAL = "Unfortunately, I cannot answer that."
@@ -292,6 +292,45 @@ def test_training_attention_runs_the_memory_efficient_kernel_on_the_gpu(tiny_mod
         supervised = eager[view]["labels"] != -100
         assert torch.allclose(out[view]["logits"][supervised].float(), eager[view]["logits"][supervised].float(),
                               atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+def test_graphed_frozen_model_gives_the_eager_logits(tiny_model_path):
+    """GraphedForward on the frozen model's packed passes (SDPA, fused norms and the rotary kernel, as in
+    training): a shape runs eagerly when first seen, is captured when seen again and replayed after that,
+    each time with the eager pass's logits for that call's own tokens (a replay reads fresh inputs), as a
+    copy that later replays leave alone. Past max_graphs a new shape runs eagerly. The kept positions,
+    rounded up for the graphs, are cut back: the logits are those of a pass at the batch's own K, up to
+    the head's rounding at another shape."""
+    model, tokenizer = load_model(tiny_model_path, torch.bfloat16, "cuda")
+    use_training_attention(model)
+    fuse_rms_norms(model)
+    model.eval().requires_grad_(False)
+    trainset = data.PairedTrainSet(tokenizer, ["challenger_disaster"], FIXTURE, refusal=REFUSAL, seed=0)
+
+    def shifted(seqs, by):      # the same lengths (so the same shapes), other tokens
+        return {v: [{**s, "ids": [(t + by) % 1000 for t in s["ids"]]} for s in ss] for v, ss in seqs.items()}
+    a, b = trainset.views(list(range(8)), ("mixed",), True, 0), trainset.views(list(range(4)), ("mixed",), True, 0)
+    batches = [a, shifted(a, 1), shifted(a, 2), b, shifted(b, 3), shifted(a, 4)]
+    graphs, calls = GraphedForward(max_graphs=1), []
+    pad = tokenizer.pad_token_id
+    with fused_rotary(model), torch.no_grad():
+        for seqs in batches:
+            calls.append((seqs, forward_views(model, seqs, pad, "jensunpp", "cuda", pack=torch.bfloat16, graphs=graphs)[0]))
+        for i, (seqs, got) in enumerate(calls):                 # compared after all the replays
+            same_shapes = forward_views(model, seqs, pad, "jensunpp", "cuda", pack=torch.bfloat16,
+                                        graphs=GraphedForward(max_graphs=0))[0]      # eager, K rounded up
+            own_k = forward_views(model, seqs, pad, "jensunpp", "cuda", pack=torch.bfloat16)[0]
+            for view in seqs:
+                assert got[view]["logits"].dtype == torch.float32
+                assert torch.equal(got[view]["logits"], same_shapes[view]["logits"]), (i, view)
+                for key in ("labels", "weights", "answer_mask"):
+                    assert torch.equal(got[view][key], own_k[view][key]), (i, view, key)
+                assert torch.allclose(got[view]["logits"], own_k[view]["logits"], rtol=1e-2, atol=1e-2), (i, view)
+    # a: eager, captured, replayed; b: eager, and eager again (max_graphs reached); a: replayed
+    assert graphs.failed is None and (graphs.captures, graphs.replays, len(graphs.graphs)) == (1, 2, 1)
+    with pytest.raises(ValueError, match="hidden states"):
+        forward_views(model, a, pad, "uniform", "cuda", model.model.layers[0], pack=torch.bfloat16, graphs=graphs)
 
 
 def test_fused_rotary_replaces_only_the_rotate_half_form_and_puts_it_back(tiny_model_path):
