@@ -660,14 +660,15 @@ def test_compile_blocks_matches_eager(tiny_model_path, tmp_path, method, monkeyp
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
-def test_graphed_frozen_model_trains_as_eager(tiny_model_path, tmp_path):
-    """JensUn++ on a GPU: the frozen model's passes replayed from CUDA graphs (the default, model.GraphedForward)
+@pytest.mark.parametrize("method", ["jensunpp", "npo"])
+def test_graphed_frozen_model_trains_as_eager(tiny_model_path, tmp_path, method):
+    """On a GPU the frozen model's passes replayed from CUDA graphs (the default, model.GraphedForward)
     train as --eager-reference does, over enough steps that shapes repeat and are replayed: the same
     losses and gradient norms up to the rounding of the frozen model's head at another shape (its kept
-    positions rounded up)."""
+    positions rounded up). JensUn++ reads its logits, NPO its sequence scores."""
     common = ["--lr", "1e-3", "--max-steps", "16", "--global-batch", "8", "--batch-size", "4"]
-    eager = run(tiny_model_path, tmp_path / "eager", "jensunpp", *common, "--eager-reference")
-    graphed = run(tiny_model_path, tmp_path / "graphs", "jensunpp", *common)
+    eager = run(tiny_model_path, tmp_path / "eager", method, *common, "--eager-reference")
+    graphed = run(tiny_model_path, tmp_path / "graphs", method, *common)
     captures, replays = graphed[-1]["ref_graphs"]
     assert captures >= 1 and replays >= 1 and "ref_graphs" not in eager[-1]
     for key in ("loss", "loss_forget", "loss_retain", "grad_norm"):
