@@ -144,19 +144,19 @@ def test_queries_cover_the_protocol():
 
 
 def test_end_to_end_on_smollm2_with_resume(smollm2_path, tmp_path):
-    """The real SmolLM2 through generation, judging, MMLU and the report, then resumed. The adversarial and
-    retain sets only (39 answers): the forget set's 96 paper-format answers took 80 s of a 2-core CI
-    machine, and the tiny-model tests cover its rows and rates (and the next one, the chat format)."""
+    """The real SmolLM2 through generation, judging, MMLU and the report, then resumed. The retain set only
+    (19 answers): the forget set's 96 paper-format answers took 80 s of a 2-core CI machine, and the
+    tiny-model tests cover the other sets' rows and rates (and the next one, the chat format)."""
     out = tmp_path / "eval"
-    args = [smollm2_path, "--data-root", str(FIXTURE), "--out", str(out), "--limit", "1", "--sets", "adversarial",
-            "retain", "--skip", "rep", "rgq", "--mmlu-n", "8", "--batch-size", "32"]
+    args = [smollm2_path, "--data-root", str(FIXTURE), "--out", str(out), "--limit", "1", "--sets", "retain",
+            "--skip", "rep", "rgq", "--mmlu-n", "4", "--batch-size", "32"]
     evaluate.main(args)
     metrics = json.loads((out / "metrics.json").read_text())
     rows = [json.loads(l) for l in open(out / "rows.jsonl")]
     assert rows and all(r["answer"] is not None and r["verdicts"] for r in rows)
     assert all(r["prompt_format"] == "paper" and "QUESTION:" not in r["answer"] for r in rows)
-    correct = metrics["utility"]["mmlu"] * 8 / 100                    # --mmlu-n 8: a whole number of questions
-    assert correct == pytest.approx(round(correct)) and 0 <= round(correct) <= 8 and metrics["prompt_format"] == ["paper"]
+    correct = metrics["utility"]["mmlu"] * 4 / 100                    # --mmlu-n 4: a whole number of questions
+    assert correct == pytest.approx(round(correct)) and 0 <= round(correct) <= 4 and metrics["prompt_format"] == ["paper"]
     report = (out / "report.md").read_text()
     assert "approximate" in report and "Prompt format: paper" in report
     # a rerun generates nothing new: every answer is read back
@@ -226,7 +226,7 @@ def test_sequential_run_is_evaluated_stage_by_stage_on_every_topic(tiny_model_pa
     run = tmp_path / "seq"
     train.main(["--method", "graddiff", "--model", tiny_model_path, "--data-root", str(root), "--out", str(run),
                 "--topics", "challenger_disaster", "salem_witch_trials", "--mode", "sequential",
-                "--precision", "fp32", "--max-steps", "1"])
+                "--precision", "fp32", "--max-steps", "1", "--global-batch", "8"])
     evaluate.main([str(run), "--data-root", str(root), "--limit", "1", "--skip", "mmlu", "rep", "rgq",
                    "--batch-size", "64"])
     for stage in ("stage1_challenger_disaster", "stage2_salem_witch_trials"):

@@ -356,7 +356,7 @@ def test_sequential_two_topics(tiny_model_path, tmp_path, two_topic_root):
     out = tmp_path / "seq"
     train.main(["--method", "jensunpp", "--model", tiny_model_path, "--data-root", str(root), "--out", str(out),
                 "--topics", "challenger_disaster", "salem_witch_trials", "--mode", "sequential",
-                "--precision", "fp32", "--refusal", REFUSAL, "--max-steps", "2", "--lr", "1e-3"])
+                "--precision", "fp32", "--refusal", REFUSAL, "--max-steps", "2", "--global-batch", "8", "--lr", "1e-3"])
     s1, s2 = weights(out / "stage1_challenger_disaster"), weights(out / "stage2_salem_witch_trials")
     assert any(not torch.equal(s1[k], s2[k]) for k in s1)
     stages = [json.loads(l)["stage"] for l in open(out / "log.jsonl")]
@@ -364,7 +364,7 @@ def test_sequential_two_topics(tiny_model_path, tmp_path, two_topic_root):
     # rerunning the finished command does nothing new
     train.main(["--method", "jensunpp", "--model", tiny_model_path, "--data-root", str(root), "--out", str(out),
                 "--topics", "challenger_disaster", "salem_witch_trials", "--mode", "sequential",
-                "--precision", "fp32", "--refusal", REFUSAL, "--max-steps", "2", "--lr", "1e-3"])
+                "--precision", "fp32", "--refusal", REFUSAL, "--max-steps", "2", "--global-batch", "8", "--lr", "1e-3"])
     assert len(open(out / "log.jsonl").readlines()) == 4
 
 
