@@ -391,10 +391,11 @@ def test_bad_input_is_one_line_and_leaves_no_folder(tiny_model_path, tmp_path, f
              ([tiny_model_path, "--judge", "http", "--judge-url", dead, "--out", str(out)],
               f"no judge server answers at {dead}", out),
              ([tiny_model_path, "--batch-size", "0", "--out", str(out)], "--batch-size 0: must be >= 1", out)]
-    # Two as the user runs them (a process whose whole stderr is that line; HF_HUB_OFFLINE is read at import),
-    # the rest in this process (the message main() exits with, and nothing printed before it).
-    for i, (argv, message, absent) in enumerate(cases):
-        if i in (2, 4):
+    # The Hub id (HF_HUB_OFFLINE is read at import) and the bad data file as the user runs them, a process whose
+    # whole stderr is that line; the rest in this process: the message main() exits with, nothing printed before.
+    as_process = {"someone/no-such-model", str(fixture_root)}
+    for argv, message, absent in cases:
+        if as_process & set(argv):
             proc = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *argv], capture_output=True, text=True,
                                   cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"})
             returncode, error = proc.returncode, proc.stderr.strip().split("\n")
@@ -402,7 +403,9 @@ def test_bad_input_is_one_line_and_leaves_no_folder(tiny_model_path, tmp_path, f
             monkeypatch.chdir(tmp_path)
             with pytest.raises(SystemExit) as e:
                 evaluate.main(argv)
-            returncode, error = 1, [line for line in capsys.readouterr().err.splitlines() if line] + [e.value.code]
+            code = e.value.code
+            returncode = 1 if isinstance(code, str) else code           # Python exits 1 with a message
+            error = [line for line in capsys.readouterr().err.splitlines() if line] + [str(code)]
         assert returncode == 1 and len(error) == 1 and error[0].startswith("evaluate.py: "), (argv, error)
         assert message in error[0], (message, error[0])
         assert not absent.exists(), argv
