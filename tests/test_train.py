@@ -646,7 +646,8 @@ def test_compile_blocks_matches_eager(tiny_model_path, tmp_path, method, monkeyp
     from transformers import LlamaConfig
     if not torch.cuda.is_available():
         compile_module = torch.nn.Module.compile
-        monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: compile_module(self, *a, backend="aot_eager", **k))
+        monkeypatch.setattr(torch.nn.Module, "compile",
+                            lambda self, *a, **k: compile_module(self, *a, backend="aot_eager", **k))
     two_layers = str(tmp_path / "two-layers")
     tiny_model(two_layers, LlamaConfig, tiny_model_path)
     common = ["--lr", "1e-3", "--max-steps", "2", "--batch-size", "8"]
