@@ -324,7 +324,7 @@ def collate(seqs, pad_id, scheme="uniform", min_k=0, shape=None, multiple=1):
             **supervision(seqs, K, scheme)}
 
 
-def pack(seqs, pad_id, scheme="uniform", min_k=0, multiple=8, min_rows=1):
+def pack(seqs, pad_id, scheme="uniform", min_k=0, multiple=8, min_rows=1, keep_multiple=1):
     """Several sequences per row, for training: left padding wastes a third of a pass on SUITE (rows of
     90 tokens on average padded to the longest, about 170; BENCHMARKS.md). Rows are L = the longest
     sequence rounded up to `multiple`; sequences go first-fit in order of decreasing length, each with
@@ -333,9 +333,12 @@ def pack(seqs, pad_id, scheme="uniform", min_k=0, multiple=8, min_rows=1):
     the flat index into the R * L positions of each sequence's last K + 1 positions (collate's kept
     positions, in the input order; clamped to the sequence's first token where it is shorter, which
     only unsupervised positions read), and labels, weights and answer_mask (N, K) as collate gives them.
-    `min_rows`: rows of padding added up to it (a compiled block specialises on a batch of one row)."""
+    `min_rows`: rows of padding added up to it (a compiled block specialises on a batch of one row).
+    `keep_multiple`: `keep`'s width K + 1 rounded up to it, its extra positions in front (fewer shapes for
+    model.GraphedForward to capture); the labels stay (N, K), so the caller keeps the last K + 1 logits."""
     K = max([min_k] + [len(s["targets"]) for s in seqs])
-    L = max([K + 1] + [len(s["ids"]) for s in seqs])
+    width = -(-(K + 1) // keep_multiple) * keep_multiple                   # keep's width, K + 1 rounded up
+    L = max([width] + [len(s["ids"]) for s in seqs])
     L = -(-L // multiple) * multiple
     rows, where = [], [None] * len(seqs)                 # rows: [tokens used, sequences placed]
     for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i]["ids"])):
@@ -351,13 +354,13 @@ def pack(seqs, pad_id, scheme="uniform", min_k=0, multiple=8, min_rows=1):
     input_ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
     position_ids = torch.zeros((len(rows), L), dtype=torch.long)
     segments = torch.full((len(rows), L), -1, dtype=torch.long)
-    keep = torch.empty((len(seqs), K + 1), dtype=torch.long)
+    keep = torch.empty((len(seqs), width), dtype=torch.long)
     for i, (s, (r, start, slot)) in enumerate(zip(seqs, where)):
         n = len(s["ids"])
         input_ids[r, start:start + n] = torch.tensor(s["ids"])
         position_ids[r, start:start + n] = torch.arange(n)
         segments[r, start:start + n] = slot
-        keep[i] = r * L + start + (torch.arange(n - K - 1, n)).clamp(min=0)
+        keep[i] = r * L + start + (torch.arange(n - width, n)).clamp(min=0)
     return {"input_ids": input_ids, "position_ids": position_ids, "segments": segments, "keep": keep,
             **supervision(seqs, K, scheme)}
 

@@ -835,15 +835,11 @@ def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None
         handles.append(hidden_layer.register_forward_hook(hook))
     try:
         if pack:
-            K = max([min_k] + [len(s["targets"]) for s in flat])
-            # Under graphs K + 1 rounded up to a multiple of 8 (fewer shapes to capture; cut back below).
-            k_pass = -(-(K + 1) // 8) * 8 - 1 if graphs else K
-            packed = data.pack(flat, pad_id, scheme, k_pass, multiple=8, min_rows=2 if shape else 1)
+            # Under graphs the kept positions rounded up to a multiple of 8 (fewer shapes to capture)
+            packed = data.pack(flat, pad_id, scheme, min_k, multiple=8, min_rows=2 if shape else 1,
+                               keep_multiple=8 if graphs else 1)
             batch = {k: to_device(v, device) for k, v in packed.items()}
-            logits = (graphs or packed_logits)(model, batch, pack)
-            if k_pass > K:
-                logits = logits[:, -(K + 1):]
-                batch.update({k: batch[k][:, -K:] for k in ("labels", "weights", "answer_mask")})
+            logits = (graphs or packed_logits)(model, batch, pack)[:, -(packed["labels"].shape[1] + 1):]
         else:
             fixed = shape[1:] if shape and shape[1] is not None else None
             batch = {k: to_device(v, device) for k, v in data.collate(flat, pad_id, scheme, min_k, fixed, multiple=8).items()}
@@ -856,7 +852,7 @@ def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None
     # (N, K + 1, V) in fp32, a copy of a graph's output (which its next replay overwrites)
     logits = logits.clone() if graphs and logits.dtype == torch.float32 else logits.float()
     if "h" in captured:                                                      # (N, K, d) at the labels' own positions
-        hidden = captured["h"].flatten(0, 1)[batch["keep"][:, 1:]] if pack else captured["h"][:, -K:]
+        hidden = captured["h"].flatten(0, 1)[batch["keep"][:, -K:]] if pack else captured["h"][:, -K:]
     out, start = {}, 0
     for name in names:
         rows = slice(start, start + len(seqs_by_view[name]))

@@ -505,5 +505,11 @@ def test_pack_places_every_sequence_once_and_keeps_collates_positions():
     assert int((segs >= 0).sum()) == sum(len(s["ids"]) for s in seqs)
     for key in ("labels", "weights", "answer_mask"):
         assert torch.equal(packed[key], padded[key]), key
+    rounded = data.pack(seqs, 0, "jensunpp", min_k=6, keep_multiple=8)     # keep's width K + 1 = 7 -> 8
+    assert rounded["keep"].shape == (len(seqs), 8)
+    assert torch.equal(flat_ids[rounded["keep"][:, -(K + 1):]], flat_ids[packed["keep"]])
+    assert torch.equal(flat_pos[rounded["keep"][:, -(K + 1):]], flat_pos[packed["keep"]])
+    for key in ("input_ids", "position_ids", "segments", "labels", "weights", "answer_mask"):
+        assert torch.equal(rounded[key], packed[key]), key
     assert data.pack(seqs[:1], 0, min_rows=2)["input_ids"].shape[0] == 2        # a padding row added
     assert data.pack(seqs, 0, multiple=16)["input_ids"].shape[1] == 48
