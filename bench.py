@@ -61,6 +61,19 @@ def train_argv(method, model, run, steps, extra):
             "--refusal", train.with_prefix(train.PAPER_REFUSALS["llama"]), *extra]
 
 
+def project_topic(first, full_mean, smalls, steps, short_steps):
+    """Seconds of a topic's `steps` optimizer steps, `short_steps` of them an epoch's short last step: the
+    first step as measured (it compiles, if anything does), the other full steps at their mean, the first
+    short step as measured (a recompile for its shape, if any) and later ones at the mean of those measured
+    after it; short steps not measured count as full ones (an upper bound). `smalls`: the short steps'
+    times in the order run, the first step's excepted."""
+    if not short_steps:
+        return first + (steps - 1) * full_mean
+    first_short = smalls[0] if smalls else full_mean
+    later_short = sum(smalls[1:]) / len(smalls[1:]) if smalls[1:] else full_mean
+    return first + (steps - 1 - short_steps) * full_mean + first_short + (short_steps - 1) * later_short
+
+
 def bench_train(model, method, steps, warmup, out, extra, profile=0):
     """Run train.py for `steps` optimizer steps without saving; statistics over the full steps after
     `warmup` (an epoch's short last step, which may compile its own shape, is reported apart). `profile`:
@@ -103,10 +116,8 @@ def bench_train(model, method, steps, warmup, out, extra, profile=0):
     # 6N per trained token (forward + backward), 2N per frozen-model token; per rank, summed over ranks
     flops = (6 * n_params * tokens + 2 * n_params * ref_tokens) * world
     peak, device = peak_flops()
-    # One topic: the first step (compiling), then every other step at the full steps' mean; the first short
-    # step's excess over that is counted once (a recompile for its shape, if any); later short steps are
-    # counted as full ones, an upper bound for them.
-    topic_s = log[0]["step_time"] + (steps_per_topic - 1) * step_time + max((smalls or [0])[0] - step_time, 0)
+    short_steps = run_args.epochs if CHALLENGER_PAIRS % run_args.global_batch else 0
+    topic_s = project_topic(log[0]["step_time"], step_time, smalls, steps_per_topic, short_steps)
     # A step whose gradient was not finite skips the optimizer (train.py): its time and memory leave out
     # Adam's update and moments, so it is no training step's (a random-weight model gave such steps).
     skipped = log[-1]["skipped_updates"]

@@ -111,16 +111,27 @@ def test_profiling_leaves_training_unchanged(tiny_model_path, tmp_path):
 def test_train_part_projects_a_topic_from_its_steps(tmp_path):
     """Global batch 16: Challenger's 450 pairs are 28 steps of 16 and one of 2 an epoch (29 x 20 per topic);
     the short step (step 29) is kept out of the mean and reported apart, and the projection is the first
-    step plus the others at the mean plus the short step's excess once."""
+    step, the other full steps at their mean, the short step as measured and the 19 short steps not run
+    at the full steps' mean."""
     r = bench.bench_train("random:tiny", "graddiff", 30, 2, tmp_path,
                           ["--global-batch", "16", "--batch-size", "8", "--precision", "fp32"])
     log = [json.loads(l) for l in (tmp_path / "train_graddiff" / "log.jsonl").read_text().splitlines()]
     full = [x["step_time"] for x in log[2:] if x["step"] != 29]
     assert r["steps_per_topic"] == 29 * 20 and r["small_step_s"] == round(log[28]["step_time"], 2)
     assert r["s_per_step"] == pytest.approx(sum(full) / len(full), abs=1e-4)
-    want = log[0]["step_time"] + 579 * sum(full) / len(full) + max(log[28]["step_time"] - sum(full) / len(full), 0)
+    want = log[0]["step_time"] + (579 - 20 + 19) * sum(full) / len(full) + log[28]["step_time"]
     assert r["topic_minutes"] == pytest.approx(want / 60, abs=0.01)
     assert r["first_step_s"] == round(log[0]["step_time"], 1) and r["gpus"] == 1
+
+
+def test_topic_projection_counts_each_kind_of_step():
+    """Hand-computed: 1 first step of 30 s, 37 full steps of 0.5 s, 2 short steps of which the first
+    (measured 2.0 s: a recompile) and the second (the mean of the later measured ones, 0.2 s)."""
+    assert bench.project_topic(30.0, 0.5, [2.0, 0.1, 0.3, 0.2], 40, 2) == pytest.approx(30 + 37 * 0.5 + 2.0 + 0.2)
+    assert bench.project_topic(30.0, 0.5, [2.0, 0.1, 0.3], 40, 4) == pytest.approx(30 + 35 * 0.5 + 2.0 + 3 * 0.2)
+    assert bench.project_topic(30.0, 0.5, [], 40, 4) == pytest.approx(30 + 39 * 0.5)    # none measured: full ones
+    assert bench.project_topic(30.0, 0.5, [1.0], 40, 4) == pytest.approx(30 + 35 * 0.5 + 1.0 + 3 * 0.5)
+    assert bench.project_topic(30.0, 0.5, [], 40, 0) == pytest.approx(30 + 39 * 0.5)     # no short steps
 
 
 def test_train_part_reports_skipped_updates(tmp_path, capsys):
