@@ -65,8 +65,8 @@ def project_topic(first, full_mean, smalls, steps, short_steps):
     """Seconds of a topic's `steps` optimizer steps, `short_steps` of them an epoch's short last step: the
     first step as measured (it compiles, if anything does), the other full steps at their mean, the first
     short step as measured (a recompile for its shape, if any) and later ones at the mean of those measured
-    after it; short steps not measured count as full ones (an upper bound). `smalls`: the short steps'
-    times in the order run, the first step's excepted."""
+    after it. Short steps not measured count as full ones: an upper bound for later ones, not for a first
+    one that recompiles. `smalls`: the short steps' times in the order run (step 1 never is one)."""
     if not short_steps:
         return first + (steps - 1) * full_mean
     first_short = smalls[0] if smalls else full_mean
