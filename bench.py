@@ -99,7 +99,8 @@ def bench_train(model, method, steps, warmup, out, extra, profile=0):
     run_args = train.parse_args(train_argv(method, model, run, steps, extra))
     per_epoch = math.ceil(CHALLENGER_PAIRS / run_args.global_batch)
     steps_per_topic = per_epoch * run_args.epochs
-    is_small = lambda r: CHALLENGER_PAIRS % run_args.global_batch and r["step"] % per_epoch == 0   # an epoch's short last step
+    short_last = CHALLENGER_PAIRS % run_args.global_batch != 0           # an epoch ends on a short step
+    is_small = lambda r: short_last and r["step"] % per_epoch == 0
     full = [r for r in log[warmup:] if not is_small(r) and not r.get("profiled")]
     if not full:
         raise SystemExit(f"bench train: {log_path} has no full unprofiled steps after the {warmup} warm-up steps (raise --steps)")
@@ -116,7 +117,7 @@ def bench_train(model, method, steps, warmup, out, extra, profile=0):
     # 6N per trained token (forward + backward), 2N per frozen-model token; per rank, summed over ranks
     flops = (6 * n_params * tokens + 2 * n_params * ref_tokens) * world
     peak, device = peak_flops()
-    short_steps = run_args.epochs if CHALLENGER_PAIRS % run_args.global_batch else 0
+    short_steps = run_args.epochs if short_last else 0
     topic_s = project_topic(log[0]["step_time"], step_time, smalls, steps_per_topic, short_steps)
     # A step whose gradient was not finite skips the optimizer (train.py): its time and memory leave out
     # Adam's update and moments, so it is no training step's (a random-weight model gave such steps).
