@@ -398,11 +398,16 @@ class PairedTrainSet:
     Ablations (appendix C.1): `pairing=False` pairs forget rows with a seeded permutation of the retain
     rows; `exclude` drops retain categories ("GK", "Syntax", "Lexical") and re-pairs the forget rows
     with the remaining retain rows in turn; `prefix_mixing=False` always starts the refusal at i = 0;
-    `prefix_targets=False` leaves the answer-prefix positions unsupervised."""
+    `prefix_targets=False` leaves the answer-prefix positions unsupervised.
+
+    `retain_topics` (ours, an ablation of sequential unlearning): pair i takes its retain row from these
+    topics in turn, one more each epoch (topic (i + epoch) mod k, line i of its retain set). Every topic in
+    SUITE lays its retain lines out alike, so line i keeps its format and question type; the own topic's
+    line i is pair i's partner, and one topic alone is the usual pairing."""
 
     def __init__(self, tokenizer, topics, root=DEFAULT_ROOT, refusal=None, seed=0, context_refusals=False,
                  max_context=2, forget_key="forget_train", retain_key="retain_train", system=SYSTEM_PROMPT,
-                 pairing=True, exclude=(), prefix_mixing=True, prefix_targets=True):
+                 pairing=True, exclude=(), prefix_mixing=True, prefix_targets=True, retain_topics=None):
         self.tokenizer, self.seed, self.system, self.max_context = tokenizer, seed, system, max_context
         self.prefix_mixing, self.prefix_targets = prefix_mixing, prefix_targets
         if refusal:
@@ -428,13 +433,26 @@ class PairedTrainSet:
             self.pairs += [(topic, f, retain[i % len(retain)]) for i, f in enumerate(forget)]
         self.answers = [(answer_ids(tokenizer, f["answer"]), answer_ids(tokenizer, r["answer"]) if r else None)
                         for _, f, r in self.pairs]
+        self.retain_topics = {}                 # topic -> (retain rows, their answer ids), when retain_topics is set
+        for topic in retain_topics or []:
+            rows = [r for r in load_topic(topic, root)[retain_key] if category(r["label"])[0] not in exclude]
+            self.retain_topics[topic] = rows, [answer_ids(tokenizer, r["answer"]) for r in rows]
 
     def __len__(self):
         return len(self.pairs)
 
+    def retain_of(self, i, epoch):
+        """Pair i's retain row and its answer ids in `epoch` (see retain_topics)."""
+        if not self.retain_topics:
+            return self.pairs[i][2], self.answers[i][1]
+        names = list(self.retain_topics)
+        rows, ids = self.retain_topics[names[(i + epoch) % len(names)]]
+        return rows[i % len(rows)], ids[i % len(rows)]
+
     def prompts(self, i, epoch):
         """The forget and retain prompt ids of pair i in `epoch`: fresh in-context turns every epoch."""
-        topic, f, r = self.pairs[i]
+        topic, f, _ = self.pairs[i]
+        r = self.retain_of(i, epoch)[0]
         rng = random.Random(f"{self.seed}-context-{epoch}-{i}")
         forget = prompt_ids(self.tokenizer, f["question"], rng.sample(self.short, rng.randint(0, self.max_context)),
                             self.system)
@@ -452,7 +470,7 @@ class PairedTrainSet:
             out["retain"] = []
         for i in indices:
             forget_prompt, retain_prompt = self.prompts(i, epoch)
-            forget_answer, retain_answer = self.answers[i]
+            forget_answer, retain_answer = self.answers[i][0], self.retain_of(i, epoch)[1]
             for name in names:
                 if name == "forget":
                     seq = sequence(forget_prompt, forget_answer)
@@ -493,20 +511,24 @@ class PairedTrainSet:
         return order
 
 
-def injection_rows(files):
+def injection_rows(files, eval_wordings=True):
     """Every question of a topic once, in every wording (forget train and eval wordings, all retain
-    rows): the fine-tuning set that gives a small model the knowledge that unlearning then removes."""
-    rows = list(files["forget_train"]) + list(files["retain_train"]) + list(files["retain_eval"])
-    for r in files["forget_eval_rephrasings"]:
-        rows += [{"question": r["question"] if v == "original" else r[v], "answer": r["answer"],
-                  "label": f"{r['label']}@{v}"} for v in EVAL_VARIANTS]
+    rows): the fine-tuning set that gives a small model the knowledge that unlearning then removes.
+    eval_wordings=False keeps the training files only (forget_train, retain_train): evaluation then asks
+    wordings the model never saw, as it does a model that learned the facts in pretraining."""
+    rows = list(files["forget_train"]) + list(files["retain_train"])
+    if eval_wordings:
+        rows += list(files["retain_eval"])
+        for r in files["forget_eval_rephrasings"]:
+            rows += [{"question": r["question"] if v == "original" else r[v], "answer": r["answer"],
+                      "label": f"{r['label']}@{v}"} for v in EVAL_VARIANTS]
     unique = {}
     for r in rows:
         unique.setdefault(normalise(r["question"]), r)
     return list(unique.values())
 
 
-RELEARN_SETS = ("retain_train (the paper's attack), forget_train (every fact: the ceiling), inject, tiers:A or "
+RELEARN_SETS = ("retain_train (the paper's attack), forget_train (every fact: the ceiling), inject, inject_train, tiers:A or "
                 "tiers:A-B (semantic tiers 0-10 from retain_train, 11-15 from retain_eval), gk, lexical, syntax, "
                 "forget:FACTS (those facts' training wordings, e.g. forget:K1-K5 or forget:M1,K3)")
 
@@ -541,8 +563,8 @@ def relearn_band(files, spec, flag="--relearn-set"):
     kind, _, arg = spec.partition(":")
     if spec in ("retain_train", "forget_train"):
         return list(files[spec])
-    if spec == "inject":
-        return injection_rows(files)
+    if spec in ("inject", "inject_train"):
+        return injection_rows(files, eval_wordings=spec == "inject")
     if spec in ("gk", "lexical", "syntax"):
         rows = [r for r in files["retain_train"] if category(r["label"])[0].lower() == spec]
     elif kind == "tiers":
@@ -561,13 +583,13 @@ def relearn_band(files, spec, flag="--relearn-set"):
 
 
 def relearn_rows(files, spec, seed=0):
-    """What one relearning arm trains on in a topic. retain_train, forget_train and inject are taken as
-    they are; every narrower band is drawn to as many rows as forget_train has (the paper's attack's
+    """What one relearning arm trains on in a topic. retain_train, forget_train and the injection sets are
+    taken as they are; every narrower band is drawn to as many rows as forget_train has (the paper's attack's
     epoch: 450 draws on a SUITE topic), so that every arm runs the same optimizer steps and schedule and
     band size only changes how often a question repeats. The draws are stratified (each band row
     floor(n / size) times, the remainder drawn without replacement, seeded), uniform in expectation."""
     rows = relearn_band(files, spec)
-    if spec in ("retain_train", "forget_train", "inject"):
+    if spec in ("retain_train", "forget_train", "inject", "inject_train"):
         return rows
     n = len(files["forget_train"])
     rng = random.Random(f"{seed}-relearn-{spec}")

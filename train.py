@@ -508,7 +508,11 @@ class Trainer:
             context_refusals=spec.get("context_refusals", False), system=args.system_prompt,
             forget_key=args.relearn_set if relearn else "forget_train", retain_key=None if relearn else "retain_train",
             pairing=args.pairing, exclude=args.exclude_retain, prefix_mixing=args.prefix_mixing,
-            prefix_targets=args.prefix_targets)
+            prefix_targets=args.prefix_targets, retain_topics=self.seen_topics() if args.retain_scope == "seen" else None)
+
+    def seen_topics(self):
+        """--retain-scope seen: the topics of this stage and every stage before it."""
+        return [t for _, topics in stages_for(self.args)[:self.stage_index + 1] for t in topics]
 
     def build_optimizer(self, model, lr):
         """AdamW; weight decay on weight matrices only, not on biases and normalisation weights (the
@@ -886,10 +890,15 @@ def parse_args(argv=None):
     p.add_argument("--no-pairing", dest="pairing", action="store_false", help="random forget/retain pairs")
     p.add_argument("--exclude-retain", nargs="*", default=[], choices=["GK", "Syntax", "Lexical"],
                    help="train without these retain categories")
+    p.add_argument("--retain-scope", choices=["stage", "seen"], default="stage",
+                   help="sequential runs, an ablation (ours): the retain rows of the stage's own topic (the paper), "
+                        "or of every topic seen so far, taken in turn with the same number of pairs "
+                        "(data.PairedTrainSet's retain_topics)")
     p.add_argument("--relearn-set", default="retain_train",
                    help="what --method nll trains on: " + data.RELEARN_SETS + "; narrower bands are drawn to "
                         "forget_train's size per epoch (equal compute). inject: every question in every wording, "
-                        "to give a small model the knowledge to unlearn")
+                        "to give a small model the knowledge to unlearn; inject_train: the training files only "
+                        "(forget_train, retain_train), so that evaluation asks wordings it never saw")
     p.add_argument("--max-steps", type=int, default=None, help="stop each stage after this many steps (smoke runs)")
     p.add_argument("--save-minutes", type=float, default=10.0,
                    help="checkpoint when this many minutes have passed since the last one (0: never). A checkpoint "
@@ -952,6 +961,8 @@ def resolve_args(args):
         print0(f"--compile graphs: {args.method} reads a hidden layer through a forward hook, which a compiled "
                "whole model cannot keep; compiling its blocks instead (--compile blocks)")
         args.compile = "blocks"
+    if args.retain_scope == "seen" and args.mode != "sequential":
+        raise data.UserError("--retain-scope seen is for --mode sequential (a joint run's retain set holds every topic)")
     if args.compile == "graphs" and world > 1:
         raise data.UserError("--compile graphs runs on one GPU; under torchrun (FSDP) use --compile blocks")
     return args

@@ -343,6 +343,19 @@ def test_injection_set_holds_every_wording_once():
         assert all(data.normalise(r["question"]) in questions for r in d[name])
 
 
+def test_injection_of_the_training_files_never_sees_an_evaluation_wording():
+    """inject_train: forget_train and retain_train once each, and no question that evaluation asks
+    (forget_eval wordings, retain_eval), checked on the real topic files."""
+    d = data.load_topic(TOPIC)
+    rows = data.relearn_rows(d, "inject_train")
+    questions = {data.normalise(r["question"]) for r in rows}
+    assert questions == {data.normalise(r["question"]) for name in ("forget_train", "retain_train") for r in d[name]}
+    asked = {data.normalise(r["question"] if v == "original" else r[v])
+             for r in d["forget_eval_rephrasings"] for v in data.EVAL_VARIANTS}
+    asked |= {data.normalise(r["question"]) for r in d["retain_eval"]}
+    assert not questions & asked and len(rows) < len(data.relearn_rows(d, "inject"))
+
+
 # ---- the authors' release grammar: their defects are warnings, ours are errors under --strict
 
 OFFICIAL_WARNINGS = [   # the defects planted in tests/fixtures/official_suite (see its README.md)

@@ -753,6 +753,35 @@ def test_training_sequences_at_token_level(smollm2_path):
     assert epochs[0] != epochs[1] and epochs[0] == [ts.prompts(j, 0) for j in range(40)]
 
 
+def test_retain_scope_seen_takes_the_seen_topics_in_turn(smollm2_path):
+    """--retain-scope seen (an ablation of sequential runs): one topic is the usual pairing, every view
+    equal; with two, pair i in epoch e takes line i of topic (i + e) mod 2's retain set, so that the own
+    topic's line i (pair i's partner) comes back every other epoch and the forget side never changes."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    root, topics = data.DEFAULT_ROOT, ["challenger_disaster", "salem_witch_trials"]
+    own = data.PairedTrainSet(tok, topics[:1], root, refusal="Unfortunately, no.", seed=0, context_refusals=True)
+    alone = data.PairedTrainSet(tok, topics[:1], root, refusal="Unfortunately, no.", seed=0, context_refusals=True,
+                                retain_topics=topics[:1])
+    names = ("mixed", "forget")
+    for e in (0, 1):
+        assert alone.views(range(20), names, True, e) == own.views(range(20), names, True, e)
+    seen = data.PairedTrainSet(tok, topics[:1], root, refusal="Unfortunately, no.", seed=0, retain_topics=topics)
+    retain = {t: data.load_topic(t, root)["retain_train"] for t in topics}
+    for e in (0, 1, 2):
+        for i in (0, 1, 7, 449):
+            topic = topics[(i + e) % 2]
+            assert seen.retain_of(i, e)[0] == retain[topic][i % len(retain[topic])]
+            assert seen.retain_of(i, e)[1] == data.answer_ids(tok, retain[topic][i % len(retain[topic])]["answer"])
+        views, plain = seen.views([3, 4], names, True, e), own.views([3, 4], names, True, e)
+        assert views["forget"] == plain["forget"] and views["mixed"] == plain["mixed"]
+        assert [s["ids"][-len(seen.retain_of(i, e)[1]):] for i, s in zip((3, 4), views["retain"])] == \
+            [seen.retain_of(i, e)[1] for i in (3, 4)]
+    assert seen.retain_of(5, 1)[0] == own.pairs[5][2]                  # the own line, every other epoch
+    with pytest.raises(data.UserError, match="--retain-scope seen is for --mode sequential"):
+        train.parse_args(["--method", "jensunpp", "--retain-scope", "seen", "--topics", "all", "--mode", "joint"])
+
+
 def test_bad_input_is_one_line_and_leaves_no_run_folder(tiny_model_path, tmp_path, fixture_root, capsys, monkeypatch):
     """Each mistake: exit 1 with one line naming the file, line, field or flag, before the model loads,
     and no --out folder. The first case runs the real command line; the others call train.main (the
