@@ -8,6 +8,7 @@ stages, relearning.
     python report.py lkf OUT.md NAME=LKF_TRAINED_LKF_EVAL,LKF_TRAINED_SUITE_EVAL,SUITE_TRAINED_SUITE_EVAL ...
     python report.py flags OUT.selected              # the train.py flags of a selected run (run_all.sh)
     python report.py agree ROWS.jsonl [--judge heuristic|rules|http ...]   # a judge against ROWS' verdicts
+    python report.py sample OUT.jsonl EVAL_DIR ... [--root RUNS/small]   # a labelling sample for the judge, split by run
 
 An EVAL_DIR is an evaluate.py output folder (metrics.json, rows.jsonl); a SEQUENTIAL_EVAL the folder
 evaluate.py wrote for a sequential run (RUN/eval, one subfolder per stage). Every table names its judge.
@@ -585,6 +586,67 @@ def agree(path, new_judge, show=15, progress=None, out=print):
             "rows": new, "seconds": seconds}
 
 
+# ----------------------------------------------------------------------------------------------
+# A labelled set for the judge: answers sampled from many runs, split by run
+
+# Per run, how many distinct answers of each kind to draw (forget asked alone or with context, adversarial, retain).
+SAMPLE_QUOTA = {("forget", "alone"): 6, ("forget", "context"): 2, ("adversarial", "alone"): 2, ("retain", "alone"): 4}
+
+
+def run_of(eval_dir, root):
+    """(run, stage) of an evaluation folder below `root` ('seq/npo-sequential/eval/stage2_x' -> ('seq/npo-sequential',
+    'stage2_x')): the training run is the path before its eval/ folder (an evaluation written elsewhere, such as
+    'eval_base', is its own run), the stage what follows it."""
+    parts = Path(eval_dir).resolve().relative_to(Path(root).resolve()).parts
+    at = parts.index("eval") if "eval" in parts else len(parts)
+    return "/".join(parts[:at]), "/".join(parts[at + 1:]) or "final"
+
+
+def sample_rows(eval_dirs, root, seed=0, quota=SAMPLE_QUOTA):
+    """A labelling sample: from every run (its evaluations together), for each kind of row in `quota`, that many
+    distinct answers drawn at random (one row per distinct answer, so that a run's one refusal is one item, not
+    hundreds); each item keeps its row and gains "run", "stage" and "split". Runs alternate between the
+    "tune" and "heldout" halves in a seeded order within each kind of run (the folder under RUNS: sweep, seq, ...),
+    so that both halves hold every kind, and a run never spans both."""
+    import hashlib
+    import random
+    by_run = {}
+    for d in eval_dirs:
+        run, stage = run_of(d, root)
+        for r in read_rows(Path(d) / "rows.jsonl"):
+            by_run.setdefault(run, []).append(dict(r, run=run, stage=stage))
+    kinds = {}
+    for run in by_run:
+        kinds.setdefault(run.split("/")[0] if "/" in run else run, []).append(run)
+    split = {}
+    for runs in kinds.values():
+        runs.sort(key=lambda r: hashlib.sha256(f"{seed}-{r}".encode()).hexdigest())
+        split.update({r: ("tune", "heldout")[i % 2] for i, r in enumerate(runs)})
+    out = []
+    for run, rows in sorted(by_run.items()):
+        rng = random.Random(f"{seed}-{run}")
+        for (name, fmt), n in quota.items():
+            pool = [r for r in rows if r["set"] == name and r.get("format", "alone") == fmt]
+            rng.shuffle(pool)
+            distinct = {}
+            for r in pool:
+                distinct.setdefault(" ".join(r["answer"].split()), r)
+            chosen = list(distinct.values())[:n]
+            out += [dict(r, split=split[run], verdicts={k: judge.INVALID for k in r["verdicts"]}) for r in chosen]
+    return out
+
+
+def sample_command(args):
+    """`report.py sample`: write the labelling sample (rows with INVALID verdicts, to be labelled) to OUT."""
+    rows = sample_rows(args.evals, args.root, seed=args.seed)
+    with open(args.out, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    halves = {h: sum(r["split"] == h for r in rows) for h in ("tune", "heldout")}
+    print(f"{args.out}: {len(rows)} items from {len({r['run'] for r in rows})} runs ({halves['tune']} tune, "
+          f"{halves['heldout']} held out)")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -609,6 +671,11 @@ def parse_args(argv=None):
     k.add_argument("runs", nargs="+", metavar="NAME=LKF_TRAINED_LKF_EVAL,LKF_TRAINED_SUITE_EVAL,SUITE_TRAINED_SUITE_EVAL")
     f = sub.add_parser("flags", help="the train.py flags of the run a table selected")
     f.add_argument("selected", metavar="OUT.selected")
+    m = sub.add_parser("sample", help="a labelling sample for the judge: distinct answers of many runs, split by run")
+    m.add_argument("out")
+    m.add_argument("evals", nargs="+", metavar="EVAL_DIR")
+    m.add_argument("--root", default="runs/small", help="the block's folder: runs are named by their path below it")
+    m.add_argument("--seed", type=int, default=0)
     a = sub.add_parser("agree", help="re-judge the answers of a judged rows.jsonl and compare the verdicts")
     a.add_argument("rows", help="a judged rows.jsonl (evaluate.py's schema)")
     a.add_argument("--judge", choices=["heuristic", "rules", "http"], default="heuristic",
@@ -637,7 +704,7 @@ def main(argv=None):
     with data.one_line_errors("report.py", judge.ServerUnavailable):
         args = parse_args(argv)
         {"table": sweep_table, "stages": stages_table, "relearn": relearn_table, "proximity": proximity_table,
-         "lkf": lkf_tables, "flags": train_flags, "agree": agree_command}[args.command](args)
+         "lkf": lkf_tables, "flags": train_flags, "agree": agree_command, "sample": sample_command}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,11 @@
 # The paper's experiments as runnable blocks (sections 3-5, appendix B and C).
 #
 #   ./run_all.sh --dry-run all           # print every command of every block
-#   MPS=1 ./run_all.sh small              # the small-scale reproduction on SmolLM2 (one GPU; RESULTS.md)
+#   MPS=1 JOBS=12 ./run_all.sh small small_ablations   # the small-scale reproduction on SmolLM2 (one GPU; RESULTS.md)
 #   MPS=1 GPUS="0 1 2 3" JOBS=12 ./run_all.sh small   # the same, its side-by-side runs spread over four GPUs
 #   NGPU=4 JUDGE_URL=http://127.0.0.1:8000/v1 ./run_all.sh sweeps single
 #
-# Blocks: small proximity lkf_small sweeps single sequential joint relearn ablations lkf. Each block can run alone; the
+# Blocks: small small_ablations proximity lkf_small sweeps single sequential joint relearn ablations lkf. Each block can run alone; the
 # blocks after `sweeps` use the paper's selected hyperparameters (losses.HPARAMS), not the sweep's.
 # Models are hub ids (a local copy works too). Evaluation uses the LLM judge at $JUDGE_URL (the
 # paper's judge is Qwen3.5-35B-A3B, served with vLLM or SGLang); JUDGE=heuristic for a rough offline run.
@@ -26,21 +26,24 @@ MINISTRAL=${MINISTRAL:-mistralai/Ministral-3-3B-Instruct-2512-BF16}
 QWEN=${QWEN:-Qwen/Qwen3.5-9B}
 METHODS_ALL="graddiff jensun npo pdu rmu satimp simnpo undial wga jensunpp dpo ga"
 METHODS_TOP5="graddiff jensun npo pdu jensunpp"        # the five methods of the multi-model tables
-SMALL_METHODS=${SMALL_METHODS:-$METHODS_ALL}            # block small: the methods to unlearn with
-# block small: methods at a time, each training its learning rates (or loss factors) side by side; 5 x 3
-# trainings at micro-batch 8 (about 5 GB each) plus evaluations ran out of an H100's 80 GB.
-JOBS=${JOBS:-3}
+# Block small, the small-scale reproduction at the authors' semantics (RESULTS.md, v3): SMALL_METHODS are swept,
+# then run sequentially, jointly and attacked by relearning; SMALL_OTHERS get one single-topic run each at their pick.
+SMALL_METHODS=${SMALL_METHODS:-"graddiff jensun npo pdu jensunpp dpo"}
+SMALL_SEQ_METHODS=${SMALL_SEQ_METHODS:-$SMALL_METHODS}   # block small: those of them run sequentially, jointly, relearned
+SMALL_OTHERS=${SMALL_OTHERS:-"rmu satimp simnpo undial wga ga"}
+JOBS=${JOBS:-3}                                         # pool lines at a time (see pool)
 SMALL_LR_FACTORS=${SMALL_LR_FACTORS:-"3 10 30"}         # block small: multiples of each method's Llama LR
-SMALL_PARTS=${SMALL_PARTS:-"inject sweep lambda seq"}    # block small: the parts to run, in order (resumable)
-SMALL_SEQ_METHODS=${SMALL_SEQ_METHODS:-"jensunpp dpo npo"}   # block small: sequential, joint, relearning
+SMALL_PARTS=${SMALL_PARTS:-"inject sweep seq"}          # block small: the parts to run, in order (resumable); also: lambda
 SMALL_PROMPT=${SMALL_PROMPT:-chat}                     # block small: answer format (the injection is chat)
-# block small: extra train.py flags. Micro-batches of 8 reach the authors' global batch of 32 in 4
-# accumulation steps (half the GPU launches of 4 x 8).
-SMALL_TRAIN_ARGS=${SMALL_TRAIN_ARGS:---batch-size 8}
-# block small, part seq: its runs are four times as long (1,120-1,180 steps; the relearning attack 560), so one micro-batch of 32 per step
-# (faster than 4 x 8: 27 s against 40 s for 30 steps with loading, SmolLM2, one H100), at 13-16 GB a process: the
-# pool's 3 at a time fit an 80 GB card (6 at once did not). Token means then run over 32 pairs, not 8 (RESULTS.md).
-SMALL_SEQ_TRAIN_ARGS=${SMALL_SEQ_TRAIN_ARGS:---batch-size 32}
+# SMALL_EVAL_EXTRA: more evaluate.py flags for the small blocks (a CPU smoke run: --limit 2 --judge rules)
+# block small: every training at the authors' loss micro-batch of 4 (relearning: 8), deterministic, so that a
+# rerun of any job gives the same rows (the injection on the same kind of GPU)
+SMALL_TRAIN_ARGS=${SMALL_TRAIN_ARGS:---batch-size 4 --deterministic}
+SMALL_RELEARN_ARGS=${SMALL_RELEARN_ARGS:---deterministic}
+SMALL_INJECT_ARGS=${SMALL_INJECT_ARGS:---lr 1e-4 --epochs 4 --global-batch 16 --batch-size 16}   # block small: the injection
+# block small: the loss factors of the LR sweep, those run D's loss-factor sweep picked (RESULTS.md; only JensUn++'s
+# left the Llama row); part lambda sweeps them again at the picked LR
+declare -A SMALL_LAMBDAS=([jensunpp]="--lambda-f 2")
 # block small: GPUS="0 1 2 3" spreads the pool's lines over these GPUs in turn (line i on the i-th, modulo
 # their number; $JOBS then counts the lines running on all of them together). Unset: every line on the default GPU.
 GPUS=${GPUS:-}
@@ -83,10 +86,19 @@ stop_mps() {
   MPS_STARTED=0
   run bash -c "echo quit | nvidia-cuda-mps-control"
 }
-BASE_PID=""
+BG_PIDS=""
 small_cleanup() {   # on any exit: no evaluation left running behind, no daemon left up
-  [ -z "$BASE_PID" ] || kill "$BASE_PID" 2>/dev/null || true
+  [ -z "$BG_PIDS" ] || kill $BG_PIDS 2>/dev/null || true
   stop_mps
+}
+background() {    # run "$@" in the background (its pid in BG_PIDS, waited for by wait_background)
+  echo "+ $* &"
+  [ $DRY = 1 ] || { "$@" & BG_PIDS+=" $!"; }
+}
+wait_background() {
+  local pid
+  for pid in $BG_PIDS; do wait "$pid" || echo "a background evaluation failed (pid $pid), see its .log"; done
+  BG_PIDS=""
 }
 
 # The lambda sweeps of the paper (tab:llama_hp_alpha), at each method's selected learning rate. JensUn++
@@ -102,7 +114,7 @@ declare -A LAMBDA_SWEEP=([graddiff]="--lambda-r 0.5 --lambda-r 1 --lambda-r 2 --
 small_train() {   # one pool line: train.py with the block's settings into $1, then evaluate it on Challenger
   local d=$1; shift
   # an evaluated run is done (its weights need not be kept: the block can resume from its metrics alone)
-  echo "[ -f $d/eval/final/metrics.json ] || { { [ -f $d/final/config.json ] || python train.py --model $SMALL_INJECTED --topics challenger_disaster $* $SMALL_TRAIN_ARGS --print-every 60 --out $d > $d.log 2>&1; } && python evaluate.py $d $SMALL_EVAL --topics challenger_disaster --skip rep rgq >> $d.log 2>&1; }"
+  echo "[ -f $d/eval/final/metrics.json ] || { { [ -f $d/final/config.json ] || python train.py --model $SMALL_INJECTED --topics challenger_disaster $* $SMALL_TRAIN_ARGS --print-every 60 --out $d > $d.log 2>&1; } && python evaluate.py $d $SMALL_EVAL --topics challenger_disaster --skip mmlu rep rgq >> $d.log 2>&1; }"
 }
 
 picked_flags() {   # the train.py flags (--lr, --lambda-f, --lambda-r) of the run selected in $1 (report.py's .selected)
@@ -110,92 +122,147 @@ picked_flags() {   # the train.py flags (--lr, --lambda-f, --lambda-r) of the ru
 }
 
 block_small() {
-  # Small-scale reproduction on one GPU at the authors' settings (RESULTS.md). SmolLM2-135M-Instruct does
+  # Small-scale reproduction on one GPU at the authors' settings (RESULTS.md, v3). SmolLM2-135M-Instruct does
   # not know SUITE's facts, so part `inject` first fine-tunes it on every question of the four topics (all
   # forget wordings, train and eval, and the retain rows). On that model, part `sweep` unlearns Challenger
-  # with every method at three learning rates (its Llama LR x $SMALL_LR_FACTORS), part `lambda` sweeps the
-  # loss factors the paper swept at each method's selected LR, and picks per method by report.py's rule
-  # (among runs with Q_All <= 10 and Gib <= 5 the highest Retain); part `seq` runs $SMALL_SEQ_METHODS
-  # sequentially over the four topics, jointly, and attacks the joint models by relearning (as the paper's
-  # relearning block does), each in one micro-batch of 32 per step ($SMALL_SEQ_TRAIN_ARGS). Heuristic
-  # judge throughout; answers in $SMALL_PROMPT format (the injected knowledge is the chat format's).
-  # Resumable: finished trainings and evaluations are skipped; $SMALL_PARTS runs a subset of the parts, in
-  # order, so the block can be finished over several sessions.
-  local out=$RUNS/small m lr d line flags
+  # with each of $SMALL_METHODS at three learning rates (its Llama LR x $SMALL_LR_FACTORS) and picks by
+  # report.py's rule (among runs with Q_All <= 10 and Gib <= 5 the highest Retain); part `seq` runs them
+  # sequentially over the four topics and jointly, attacks the joint models by relearning (the paper's
+  # relearning block), and gives each of $SMALL_OTHERS one single-topic run at its pick (SMALL_PICKS), side
+  # by side. Heuristic judge; answers in $SMALL_PROMPT format (the injected knowledge is the chat format's).
+  # Resumable from the evaluations alone (a finished job is skipped by its metrics; weights need not be kept).
+  local out=$RUNS/small m lr d flags
   SMALL_INJECTED=$out/injected/final
-  SMALL_EVAL="--judge heuristic --prompt-format $SMALL_PROMPT --batch-size 256 ${MMLU_FILE:+--mmlu-file $MMLU_FILE}"
+  SMALL_EVAL="--judge heuristic --prompt-format $SMALL_PROMPT --batch-size 512 ${MMLU_FILE:+--mmlu-file $MMLU_FILE} ${SMALL_EVAL_EXTRA:-}"
   [ $DRY = 1 ] || { trap small_cleanup EXIT; mkdir -p "$out/sweep" "$out/seq"; }
   start_mps
   run python -c "import model; model.smollm2_folder()"      # convert the GGUF once, before several processes read it
-  if [[ " $SMALL_PARTS " == *" inject "* ]]; then
-    # the base model's evaluation runs beside the injection (one process each: the GPU has room)
-    echo "+ python evaluate.py smollm2 $SMALL_EVAL --skip rgq --out $out/eval_base > $out/eval_base.log 2>&1 &"
-    if [ $DRY = 0 ] && [ ! -f "$out/eval_base/metrics.json" ]; then
-      python evaluate.py smollm2 $SMALL_EVAL --skip rgq --out "$out/eval_base" > "$out/eval_base.log" 2>&1 & BASE_PID=$!
-    fi
-    run python train.py --method nll --relearn-set inject --model smollm2 --topics all --mode joint \
-        --lr 1e-4 --epochs 4 --global-batch 16 --batch-size 16 --deterministic --out "$out/injected"
-    run python evaluate.py "$out/injected" $SMALL_EVAL --skip rgq
-    run python evaluate.py "$out/injected" ${SMALL_EVAL/--prompt-format $SMALL_PROMPT/--prompt-format paper} \
-        --skip mmlu rep rgq --out "$out/eval_injected_paper"  # the same knowledge asked in the authors' raw-text format
-    [ -z "$BASE_PID" ] || wait "$BASE_PID" || echo "the base model's evaluation failed, see $out/eval_base.log"
-    BASE_PID=""
-  fi
-  if [[ " $SMALL_PARTS " == *" sweep "* ]]; then
-    local lr_table
-    lr_table=$(python -c "import losses
+  [[ " $SMALL_PARTS " != *" inject "* ]] || small_inject "$out"
+  [[ " $SMALL_PARTS " != *" sweep "* ]] || small_sweep "$out"
+  [[ " $SMALL_PARTS " != *" lambda "* ]] || small_lambda "$out"
+  [[ " $SMALL_PARTS " != *" seq "* ]] || small_seq "$out"
+  wait_background
+  stop_mps
+}
+
+small_inject() {   # the injected model; its evaluations and the base model's run beside the next parts
+  local out=$1
+  [ -f "$out/eval_base/metrics.json" ] || background bash -c "python evaluate.py smollm2 $SMALL_EVAL --skip rgq --out $out/eval_base > $out/eval_base.log 2>&1"
+  run python train.py --method nll --relearn-set inject --model smollm2 --topics all --mode joint $SMALL_INJECT_ARGS \
+      --deterministic --out "$out/injected"
+  [ -f "$out/injected/eval/final/metrics.json" ] || background bash -c "python evaluate.py $out/injected $SMALL_EVAL --skip rgq > $out/injected/eval.log 2>&1"
+  # the same knowledge asked in the authors' raw-text format
+  [ -f "$out/eval_injected_paper/metrics.json" ] || background bash -c "python evaluate.py $out/injected ${SMALL_EVAL/--prompt-format $SMALL_PROMPT/--prompt-format paper} --skip mmlu rep rgq --out $out/eval_injected_paper > $out/eval_injected_paper.log 2>&1"
+}
+
+small_sweep() {   # every method at every learning rate side by side (a pool line each), then report.py's picks ($m.selected)
+  local out=$1 m lrs lr lr_table
+  lr_table=$(python -c "import losses
 for m in '$SMALL_METHODS'.split():
     print(m, *('%.2g' % (losses.resolve_hparams(m, 'llama')['lr'] * float(f)) for f in '$SMALL_LR_FACTORS'.split()))")
-    while read -r m lrs; do          # one pool job per method: its learning rates side by side, then its pick
-      line=""
-      for lr in $lrs; do line+="{ $(small_train "$out/sweep/$m-lr$lr" --method "$m" --lr "$lr"); } & "; done
-      echo "${line}wait; python report.py table $out/sweep/$m-lr.md $out/sweep/$m-lr*/eval/final > /dev/null"
-    done <<< "$lr_table" | pool || echo "the block goes on with the methods that finished"
-  fi
-  if [[ " $SMALL_PARTS " == *" lambda "* ]]; then
-    local -A default=()               # the method's own loss factors: the LR sweep's run already has them
-    while read -r key value; do default[$key]=$value; done < <(python -c "import losses
+  while read -r m lrs; do
+    for lr in $lrs; do small_train "$out/sweep/$m-lr$lr" --method "$m" --lr "$lr" ${SMALL_LAMBDAS[$m]:-}; done
+  done <<< "$lr_table" | pool || echo "the block goes on with the runs that finished"
+  for m in $SMALL_METHODS; do
+    run python report.py table "$out/sweep/$m.md" "$out"/sweep/$m-lr*/eval/final || echo "no pick for $m: none of its runs finished"
+  done
+}
+
+small_lambda() {   # optional: at each picked LR, every loss factor the paper swept; then the pick again
+  local out=$1 m lr line flags
+  local -A default=()               # the method's own loss factors: the LR sweep's run already has them
+  while read -r key value; do default[$key]=$value; done < <(python -c "import losses
 for m in '$SMALL_METHODS'.split():
     h = losses.resolve_hparams(m, 'llama')
     print(m + '--lambda-f', '%g' % h['lambda_f']); print(m + '--lambda-r', '%g' % h['lambda_r'])")
-    for m in $SMALL_METHODS; do       # at the selected LR, every loss factor the paper swept; then the final pick and its Rep
-      flags=$(picked_flags "$out/sweep/$m-lr.selected") || continue
-      lr=${flags#--lr }; lr=${lr%% *}
-      line=""
-      set -- ${LAMBDA_SWEEP[$m]:-}
-      while [ $# -gt 0 ]; do
-        [ "$(printf '%g' "$2")" = "${default[$m$1]}" ] || line+="{ $(small_train "$out/sweep/$m-lr$lr${1#--}$2" --method "$m" --lr "$lr" "$1" "$2"); } & "
-        shift 2
-      done
-      echo "${line}wait; python report.py table $out/sweep/$m.md $out/sweep/$m-lr*/eval/final > /dev/null && python evaluate.py \$(sed 's|/eval/final\$||' $out/sweep/$m.selected) $SMALL_EVAL --topics challenger_disaster --skip rgq >> $out/sweep/$m.log 2>&1"
-    done | pool || echo "the block goes on with the methods that finished"
-    run python report.py table "$out/results.md" base="$out/eval_base" injected="$out/injected/eval/final" \
-        $(ls -d "$out"/sweep/*/eval/final 2>/dev/null || echo "$out/sweep/METHOD-lrLR/eval/final")
-  fi
-  if [[ " $SMALL_PARTS " == *" seq "* ]]; then
-    # The relearning attack's LR, by the paper's rule (appendix, relearning): at least the highest LR of the
-    # unlearning methods attacked (its 1e-5 for Llama; SmolLM2's picks are 3-30x the Llama LRs).
-    local -A picked=()
-    local lrs="" relearn_lr=HIGHEST_PICKED_LR
-    for m in $SMALL_SEQ_METHODS; do
-      flags=$(picked_flags "$out/sweep/$m.selected") || continue
-      picked[$m]=$flags; lr=${flags#--lr }; lrs+=" ${lr%% *}"
+  for m in $SMALL_METHODS; do
+    flags=$(picked_flags "$out/sweep/$m.selected") || continue
+    lr=${flags#--lr }; lr=${lr%% *}
+    line=""
+    set -- ${LAMBDA_SWEEP[$m]:-}
+    while [ $# -gt 0 ]; do
+      [ "$(printf '%g' "$2")" = "${default[$m$1]}" ] || line+="{ $(small_train "$out/sweep/$m-lr$lr${1#--}$2" --method "$m" --lr "$lr" "$1" "$2"); } & "
+      shift 2
     done
-    [ $DRY = 1 ] || relearn_lr=$(python -c "import sys; print('%g' % max(map(float, sys.argv[1:] + ['1e-5'])))" $lrs)
-    for m in $SMALL_SEQ_METHODS; do   # sequential, joint and relearning with the method's selected settings
+    echo "${line}wait; python report.py table $out/sweep/$m.md $out/sweep/$m-lr*/eval/final > /dev/null"
+  done | pool || echo "the block goes on with the methods that finished"
+}
+
+small_seq() {   # sequential, joint and relearning runs at the picks, and the other methods' single runs, side by side
+  local out=$1 m d flags lr lrs="" relearn_lr=HIGHEST_PICKED_LR seqs="" joints="" relearns=""
+  local -A picked=()
+  for m in $SMALL_METHODS; do
+    flags=$(picked_flags "$out/sweep/$m.selected") || continue
+    picked[$m]=$flags; lr=${flags#--lr }; lrs+=" ${lr%% *}"
+  done
+  # The relearning attack's LR, by the paper's rule (appendix, relearning): at least the highest LR of the
+  # unlearning methods attacked (its 1e-5 for Llama; SmolLM2's picks are 3-30x the Llama LRs).
+  [ $DRY = 1 ] || relearn_lr=$(python -c "import sys; print('%g' % max(map(float, sys.argv[1:] + ['1e-5'])))" $lrs)
+  {
+    for m in $SMALL_SEQ_METHODS; do
       [ -n "${picked[$m]:-}" ] || continue
-      flags=${picked[$m]}
+      flags="${picked[$m]} $SMALL_TRAIN_ARGS --print-every 60"
       d=$out/seq/$m
-      echo "python train.py --method $m --model $SMALL_INJECTED --topics all --mode sequential $flags $SMALL_SEQ_TRAIN_ARGS --print-every 60 --out $d-sequential > $d-sequential.log 2>&1 && python evaluate.py $d-sequential $SMALL_EVAL --skip rep rgq >> $d-sequential.log 2>&1"
-      echo "python train.py --method $m --model $SMALL_INJECTED --topics all --mode joint $flags $SMALL_SEQ_TRAIN_ARGS --print-every 60 --out $d-joint > $d-joint.log 2>&1 && python evaluate.py $d-joint $SMALL_EVAL --skip rep rgq >> $d-joint.log 2>&1 && python train.py --method nll --relearn-set retain_train --model $d-joint/final --topics all --mode joint --lr $relearn_lr $SMALL_SEQ_TRAIN_ARGS --out $d-relearn > $d-relearn.log 2>&1 && python evaluate.py $d-relearn $SMALL_EVAL --skip mmlu rep rgq >> $d-relearn.log 2>&1"
-    done | pool || echo "the tables hold the runs that finished"
-    local seqs="" joints="" relearns=""
-    for m in $SMALL_SEQ_METHODS; do
-      seqs+=" $m=$out/seq/$m-sequential/eval"; joints+=" $m=$out/seq/$m-joint/eval/final"
-      relearns+=" $m=$out/seq/$m-joint/eval/final,$out/seq/$m-relearn/eval/final"
+      echo "[ -f $d-sequential/eval/stages.md ] || { python train.py --method $m --model $SMALL_INJECTED --topics all --mode sequential $flags --out $d-sequential > $d-sequential.log 2>&1 && python evaluate.py $d-sequential $SMALL_EVAL --skip mmlu rep rgq >> $d-sequential.log 2>&1; }"
+      echo "[ -f $d-relearn/eval/final/metrics.json ] || { { [ -f $d-joint/final/config.json ] || python train.py --method $m --model $SMALL_INJECTED --topics all --mode joint $flags --out $d-joint > $d-joint.log 2>&1; } && { [ -f $d-joint/eval/final/metrics.json ] || python evaluate.py $d-joint $SMALL_EVAL --skip mmlu rep rgq >> $d-joint.log 2>&1; } && python train.py --method nll --relearn-set retain_train --model $d-joint/final --topics all --mode joint --lr $relearn_lr $SMALL_RELEARN_ARGS --print-every 60 --out $d-relearn > $d-relearn.log 2>&1 && python evaluate.py $d-relearn $SMALL_EVAL --skip mmlu rep rgq >> $d-relearn.log 2>&1; }"
     done
-    run python report.py stages "$out/sequential.md" $seqs --joint $joints
-    run python report.py relearn "$out/relearn.md" $relearns
+    for m in $SMALL_OTHERS; do
+      flags=${SMALL_PICKS[$m]}; lr=${flags#--lr }; lr=${lr%% *}
+      echo "{ $(small_train "$out/sweep/$m-lr$lr" --method "$m" $flags); } && python report.py table $out/sweep/$m.md $out/sweep/$m-lr*/eval/final > /dev/null"
+    done
+  } | pool || echo "the tables hold the runs that finished"
+  for m in $SMALL_SEQ_METHODS; do
+    seqs+=" $m=$out/seq/$m-sequential/eval"; joints+=" $m=$out/seq/$m-joint/eval/final"
+    relearns+=" $m=$out/seq/$m-joint/eval/final,$out/seq/$m-relearn/eval/final"
+  done
+  small_tables "$out" "$seqs" "$joints" "$relearns"
+}
+
+small_tables() {   # the block's tables, from the evaluations alone (an unpacked archive rebuilds them)
+  local out=$1
+  run python report.py table "$out/results.md" base="$out/eval_base" injected="$out/injected/eval/final" \
+      $(ls -d "$out"/sweep/*/eval/final 2>/dev/null || echo "$out/sweep/METHOD-lrLR/eval/final") || echo "no results table"
+  run python report.py stages "$out/sequential.md" $2 --joint $3 || echo "no sequential table"
+  run python report.py relearn "$out/relearn.md" $4 || echo "no relearning table"
+}
+
+# block small_ablations: controlled ablations of block small's sequential JensUn++ (RESULTS.md, v3), one change
+# each, every other setting its pick's; the baseline is block small's own run. batch32: one loss micro-batch of 32
+# a step (run D's setting); lr_third: a third of the picked LR; seen_retain: each stage's retain term over the
+# retain sets of every topic seen so far (--retain-scope seen); inject_train: the model injected with the
+# training files only (--relearn-set inject_train), so that evaluation asks wordings it never trained on.
+SMALL_ABLATIONS=${SMALL_ABLATIONS:-"batch32 lr_third seen_retain inject_train"}
+SMALL_ABL_PARTS=${SMALL_ABL_PARTS:-"inject runs"}
+
+block_small_ablations() {
+  local out=$RUNS/small a d flags lr third line evals="base=$RUNS/small/seq/jensunpp-sequential/eval"
+  SMALL_EVAL="--judge heuristic --prompt-format $SMALL_PROMPT --batch-size 512 ${SMALL_EVAL_EXTRA:-}"
+  [ $DRY = 1 ] || { trap small_cleanup EXIT; mkdir -p "$out/ablation"; }
+  start_mps
+  if [[ " $SMALL_ABL_PARTS " == *" inject "* ]]; then
+    d=$out/injected_train
+    run python train.py --method nll --relearn-set inject_train --model smollm2 --topics all --mode joint $SMALL_INJECT_ARGS \
+        --deterministic --out "$d"
+    run python evaluate.py "$d" $SMALL_EVAL --skip mmlu rep rgq
+  fi
+  if [[ " $SMALL_ABL_PARTS " == *" runs "* ]]; then
+    flags=$(picked_flags "$out/sweep/jensunpp.selected")
+    lr=${flags#--lr }; lr=${lr%% *}
+    third=LR_THIRD
+    [ $DRY = 1 ] || third=$(python -c "print('%.3g' % ($lr / 3))")
+    for a in $SMALL_ABLATIONS; do
+      d=$out/ablation/jensunpp-$a
+      case $a in
+        batch32) line="--model $out/injected/final $flags $SMALL_TRAIN_ARGS --batch-size 32" ;;
+        lr_third) line="--model $out/injected/final ${flags/--lr $lr/--lr $third} $SMALL_TRAIN_ARGS" ;;
+        seen_retain) line="--model $out/injected/final $flags $SMALL_TRAIN_ARGS --retain-scope seen" ;;
+        inject_train) line="--model $out/injected_train/final $flags $SMALL_TRAIN_ARGS" ;;
+        *) echo "block small_ablations: unknown ablation '$a'"; return 1 ;;
+      esac
+      echo "[ -f $d/eval/stages.md ] || { python train.py --method jensunpp --topics all --mode sequential $line --print-every 60 --out $d > $d.log 2>&1 && python evaluate.py $d $SMALL_EVAL --skip mmlu rep rgq >> $d.log 2>&1; }"
+    done | pool || echo "the table holds the ablations that finished"
+    for a in $SMALL_ABLATIONS; do evals+=" $a=$out/ablation/jensunpp-$a/eval"; done
+    run python report.py stages "$out/ablations.md" $evals
   fi
   stop_mps
 }
@@ -210,7 +277,9 @@ SMALL_MODEL=${SMALL_MODEL:-$RUNS/small/injected/final}      # blocks proximity a
 declare -A SMALL_PICKS=([jensunpp]="--lr 9e-05 --lambda-f 2 --lambda-r 1" [dpo]="--lr 3e-05 --lambda-f 1 --lambda-r 1"
                         [npo]="--lr 8e-05 --lambda-f 1 --lambda-r 3" [graddiff]="--lr 1.5e-05 --lambda-f 1 --lambda-r 2"
                         [jensun]="--lr 5e-05 --lambda-f 1 --lambda-r 1" [pdu]="--lr 3e-05 --lambda-f 1 --lambda-r 1"
-                        [rmu]="--lr 0.0003 --lambda-f 0.5 --lambda-r 0.25")
+                        [rmu]="--lr 0.0003 --lambda-f 0.5 --lambda-r 0.25" [satimp]="--lr 3e-05 --lambda-f 0.1 --lambda-r 1"
+                        [simnpo]="--lr 0.0003 --lambda-f 0.125 --lambda-r 0.5" [undial]="--lr 0.0003 --lambda-f 1 --lambda-r 0"
+                        [wga]="--lr 8e-05 --lambda-f 1 --lambda-r 1" [ga]="--lr 1.5e-06 --lambda-f 1 --lambda-r 0")
 small_pick() {   # the train.py flags of method $1's pick on the injected SmolLM2
   if [ -f "$RUNS/small/sweep/$1.selected" ]; then picked_flags "$RUNS/small/sweep/$1.selected"; else echo "${SMALL_PICKS[$1]:-}"; fi
 }
@@ -386,7 +455,7 @@ block_ablations() {
 }
 
 blocks=("$@")
-[ "${blocks[0]}" = "all" ] && blocks=(small proximity lkf_small sweeps single sequential joint relearn ablations lkf)
+[ "${blocks[0]}" = "all" ] && blocks=(small small_ablations proximity lkf_small sweeps single sequential joint relearn ablations lkf)
 for b in "${blocks[@]}"; do
   declare -F "block_$b" >/dev/null || { echo "unknown block: $b"; exit 1; }
   echo "### block $b"

@@ -195,3 +195,49 @@ def test_lkf_tables_in_the_papers_layouts(tmp_path):
     assert "| npo | 6/10 | 1/10 | 3/10 | 2/10 | 2/10 | 0/10 | 8/10 | 5/10 |" in text
     with pytest.raises(SystemExit, match="give NAME=LKF_TRAINED_LKF_EVAL"):
         report.main(["lkf", str(out), f"npo={lkf},{lkf_suite}"])
+
+
+def test_labelling_sample_draws_distinct_answers_and_splits_by_run(tmp_path, capsys):
+    """report.py sample: per run, at most the quota of distinct answers of each kind (a refusal given to every
+    question is one item); every item keeps its row, names its run and stage, and carries INVALID verdicts to
+    be labelled; runs alternate between the halves within each kind (sweep, seq), no run spans both, and the
+    same seed draws the same sample."""
+    root = tmp_path / "small"
+
+    def rows_of(n_refusals, n_other, sets=("forget", "retain")):
+        rows = []
+        for s in sets:
+            key = "knows" if s == "retain" else "leak"
+            rows += [{"id": f"{s}{i}", "topic": "t", "set": s, "label": "M1-direct", "format": "alone", "fact": "M1", "qtype": "direct",
+                      "question": f"Q{i}?", "ground_truth": "1986", "answer": "Unfortunately, no." if i < n_refusals
+                      else f"answer {i}", "verdicts": {key: "NO"}} for i in range(n_refusals + n_other)]
+        return rows
+
+    dirs = []
+    for run, stages in [("sweep/a-lr1", ["final"]), ("sweep/b-lr1", ["final"]), ("seq/a-sequential", ["stage1_t", "stage2_u"]),
+                        ("seq/b-sequential", ["stage1_t"])]:
+        for st in stages:
+            d = root / run / "eval" / st
+            d.mkdir(parents=True)
+            (d / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_of(30, 3)))
+            dirs.append(str(d))
+    items = report.sample_rows(dirs, root, seed=1)
+    by_run = {}
+    for it in items:
+        by_run.setdefault(it["run"], []).append(it)
+    assert set(by_run) == {"sweep/a-lr1", "sweep/b-lr1", "seq/a-sequential", "seq/b-sequential"}
+    for run, its in by_run.items():
+        forget = [i for i in its if i["set"] == "forget"]
+        answers = [" ".join(i["answer"].split()) for i in forget]
+        assert len(answers) == len(set(answers)) and len(forget) == 4    # 30 refusals, 3 others: 4 distinct (quota 6)
+        assert sum(a == "Unfortunately, no." for a in answers) == 1
+        assert len([i for i in its if i["set"] == "retain"]) == 4 and len({i["split"] for i in its}) == 1
+        assert all(set(i["verdicts"].values()) == {"INVALID"} for i in its)
+    assert {by_run["sweep/a-lr1"][0]["split"], by_run["sweep/b-lr1"][0]["split"]} == {"tune", "heldout"}
+    assert {by_run["seq/a-sequential"][0]["split"], by_run["seq/b-sequential"][0]["split"]} == {"tune", "heldout"}
+    assert {i["stage"] for i in by_run["seq/a-sequential"]} <= {"stage1_t", "stage2_u"}
+    assert report.sample_rows(dirs, root, seed=1) == items
+    out = tmp_path / "sample.jsonl"
+    report.main(["sample", str(out), *dirs, "--root", str(root), "--seed", "1"])
+    assert [json.loads(l) for l in out.read_text().splitlines()] == items
+    assert f"{len(items)} items from 4 runs" in capsys.readouterr().out

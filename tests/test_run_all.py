@@ -21,48 +21,77 @@ def dry_run(*blocks, **env):
 
 def test_dry_run_prints_every_block():
     lines = dry_run("all")
-    for block in ("small", "proximity", "lkf_small", "sweeps", "single", "sequential", "joint", "relearn", "ablations", "lkf"):
+    for block in ("small", "small_ablations", "proximity", "lkf_small", "sweeps", "single", "sequential", "joint",
+                  "relearn", "ablations", "lkf"):
         assert f"### block {block}" in lines
     commands = [l for l in lines if l.startswith("+ ")]
-    assert sum("--mode sequential" in c for c in commands) == 15 + 3        # 5 methods x 3 models; the small block's 3
+    # 5 methods x 3 models; the small block's 6 methods and its 4 ablations
+    assert sum("--mode sequential" in c for c in commands) == 15 + 6 + 4
     assert all("--refusal paper" in c for c in commands if c.startswith("+ torchrun"))   # the paper's refusals
     assert not any("nvidia-cuda-mps-control" in c for c in commands)        # MPS is opt-in
 
 
 def test_small_block_parts():
-    """Block small: the injection of all four topics beside the base model's evaluation; per method one
-    pool job with its three learning rates side by side and report.py's pick; then, at the picked LR,
-    the loss factors the paper swept (JensUn++: lambda_f up to 4), the final pick and its Rep; one
-    results table; sequential, joint and relearning runs of three methods with their picked settings."""
+    """Block small (v3, the authors' semantics): the injection of all four topics beside the base model's
+    evaluation, the injected model's evaluations beside the sweep; every method of the six at its three
+    learning rates, a pool line each, at micro-batch 4 and deterministic, then report.py's pick per method;
+    sequential, joint and relearning runs at the picks (relearning at the highest picked LR, the paper's rule,
+    micro-batch 8); the other six methods once at their picks; every job skipped by its metrics alone."""
     commands = [l for l in dry_run("small") if l.startswith("+ ")]
     base = next(i for i, c in enumerate(commands) if "--out runs/small/eval_base" in c)
     assert commands[base].endswith("&") and "--relearn-set inject" in commands[base + 1]
-    assert "--topics all --mode joint" in commands[base + 1]
-    lr_jobs = [c for c in commands if c.endswith("-lr.md runs/small/sweep/" + c.split("report.py table runs/small/sweep/")[-1].split("-lr.md")[0] + "-lr*/eval/final > /dev/null")]
-    assert len(lr_jobs) == 12 and sum(c.count("python train.py --model") for c in lr_jobs) == 12 * 3
-    assert {c.split("--method ")[1].split()[0] for c in lr_jobs} == set(losses.METHODS) - {"nll"}
-    assert all(c.count("--skip rep rgq") == 3 and c.count("--batch-size 8") == 3 for c in lr_jobs)
-    lambda_jobs = [c for c in commands if "--lambda-" in c and "report.py table" in c]
-    jensunpp = next(c for c in lambda_jobs if "--method jensunpp" in c)
-    assert [f"--lambda-f {v}" in jensunpp for v in ("0.2", "0.33", "0.5", "1", "2", "4")] == [True, False] + [True] * 4
-    npo = next(c for c in lambda_jobs if "--method npo" in c)    # lambda_r 3 is NPO's own: the LR sweep ran it
-    assert [f"--lambda-r {v} " in npo for v in ("0.5", "1", "3", "5")] == [True, True, False, True]
-    assert len(lambda_jobs) == 10                                           # not GA, not DPO (not swept by the paper)
-    assert all(c.endswith("--topics challenger_disaster --skip rgq >> runs/small/sweep/" + c.split("sweep/")[-1])
-               for c in lambda_jobs)
-    assert sum("report.py table runs/small/results.md" in c for c in commands) == 1
+    assert "--topics all --mode joint --lr 1e-4 --epochs 4 --global-batch 16 --batch-size 16 --deterministic" in commands[base + 1]
+    assert commands[base + 2].endswith("&") and "evaluate.py runs/small/injected " in commands[base + 2]
+    sweep = [c for c in commands if c.startswith("+ [ -f runs/small/sweep/")]
+    assert len(sweep) == 6 * 3 and {c.split("--method ")[1].split()[0] for c in sweep} == {
+        "graddiff", "jensun", "npo", "pdu", "jensunpp", "dpo"}
+    for c in sweep:
+        d = c.split("[ -f ")[1].split("/eval/final/metrics.json")[0]
+        assert f"--batch-size 4 --deterministic --print-every 60 --out {d} " in c and f"python evaluate.py {d} " in c
+        assert "--skip mmlu rep rgq" in c and ("--lambda-f 2" in c) == ("--method jensunpp" in c)
+    picks = [c for c in commands if c.startswith("+ python report.py table runs/small/sweep/")]
+    assert [c.split("sweep/")[1].split(".md")[0] for c in picks] == ["graddiff", "jensun", "npo", "pdu", "jensunpp", "dpo"]
     seq = [c for c in commands if "runs/small/seq/" in c and "train.py" in c]
-    assert len(seq) == 6 and all("--lr LR_OF_runs/small/sweep/" in c for c in seq)
-    assert sum("--relearn-set retain_train" in c for c in seq) == 3
-    for c in seq:           # relearning attacks the joint model (the paper's relearning block); one micro-batch of 32
+    assert len(seq) == 12 and all("--lr LR_OF_runs/small/sweep/" in c for c in seq)
+    for c in seq:           # relearning attacks the joint model (the paper's relearning block)
         assert ("--relearn-set retain_train" in c) == ("--mode joint" in c)
-        assert c.split(" > ")[0].endswith("--batch-size 32 --print-every 60 --out " + c.split("--out ")[1].split()[0])
-    assert all("--model runs/small/seq/" + m + "-joint/final" in " ".join(seq) for m in ("jensunpp", "dpo", "npo"))
-    assert all("--lr HIGHEST_PICKED_LR --batch-size 32 --out" in c for c in seq if "--relearn-set retain_train" in c)   # the paper's rule
+        assert "--batch-size 4 --deterministic --print-every 60 --out" in c
+        if "--relearn-set retain_train" in c:
+            assert "--lr HIGHEST_PICKED_LR --deterministic --print-every 60 --out" in c      # micro-batch 8, the default
+            m = c.split("--method ")[1].split()[0]
+            assert f"--model runs/small/seq/{m}-joint/final" in c and c.startswith(f"+ [ -f runs/small/seq/{m}-relearn/eval/")
+    others = [c for c in commands if "runs/small/sweep/" in c and "report.py table runs/small/sweep/" in c and "train.py" in c]
+    assert {c.split("--method ")[1].split()[0] for c in others} == {"rmu", "satimp", "simnpo", "undial", "wga", "ga"}
     assert any(c.startswith("+ python report.py stages runs/small/sequential.md") for c in commands)
     assert any(c.startswith("+ python report.py relearn runs/small/relearn.md") for c in commands)
     only = [l for l in dry_run("small", SMALL_PARTS="seq") if l.startswith("+ ")]
-    assert not any("--relearn-set inject" in c or "-lr.md" in c for c in only) and any("runs/small/seq/" in c for c in only)
+    assert not any("--relearn-set inject" in c or "report.py table runs/small/sweep/jensunpp.md" in c for c in only)
+    assert any("runs/small/seq/" in c for c in only)
+
+
+def test_small_ablations_change_one_thing_each():
+    """Block small_ablations: sequential JensUn++ at its pick, each line one change from block small's own
+    sequential run: micro-batch 32, a third of the LR, the seen topics' retain sets, or the model injected with
+    the training files only (made by its own part, with block small's injection recipe)."""
+    lines = [l for l in dry_run("small", "small_ablations") if l.startswith("+ ")]
+    baseline = next(c for c in lines if "runs/small/seq/jensunpp-sequential " in c and "train.py" in c)
+    base_args = baseline.split("--mode sequential ")[1].split(" --out")[0]
+    assert base_args == "--lr LR_OF_runs/small/sweep/jensunpp.selected --batch-size 4 --deterministic --print-every 60"
+    runs = {c.split("jensunpp-")[1].split("/eval")[0]: c for c in lines if "runs/small/ablation/jensunpp-" in c and "train.py" in c}
+    assert set(runs) == {"batch32", "lr_third", "seen_retain", "inject_train"}
+    flags = {a: c.split("--mode sequential ")[1].split(" --print-every")[0] for a, c in runs.items()}
+    injected = "--model runs/small/injected/final --lr LR_OF_runs/small/sweep/jensunpp.selected --batch-size 4 --deterministic"
+    assert flags["batch32"] == injected + " --batch-size 32"
+    assert flags["lr_third"] == injected.replace("LR_OF_runs/small/sweep/jensunpp.selected", "LR_THIRD")
+    assert flags["seen_retain"] == injected + " --retain-scope seen"
+    assert flags["inject_train"] == injected.replace("runs/small/injected/", "runs/small/injected_train/")
+    inject = next(c for c in lines if "--relearn-set inject_train" in c)
+    assert inject.split("--mode joint ")[1] == baseline_inject(lines).split("--mode joint ")[1].replace("injected", "injected_train")
+    assert lines[-1].startswith("+ python report.py stages runs/small/ablations.md base=runs/small/seq/jensunpp-sequential/eval")
+
+
+def baseline_inject(lines):
+    return next(c for c in lines if "--relearn-set inject " in c)
 
 
 def test_proximity_block_arms_start_from_one_checkpoint_at_equal_settings():
@@ -77,7 +106,7 @@ def test_proximity_block_arms_start_from_one_checkpoint_at_equal_settings():
     for c in arms:
         m = c.split("--model runs/proximity/")[1].split("/final")[0]
         assert m in ("jensunpp", "dpo", "npo") and f"--base runs/proximity/{m}/final" in c
-        assert c.split(" > ")[0].endswith("--topics challenger_disaster --lr 9e-05 --batch-size 8 --print-every 60 --out "
+        assert c.split(" > ")[0].endswith("--topics challenger_disaster --lr 9e-05 --batch-size 4 --deterministic --print-every 60 --out "
                                           + c.split("--out ")[1].split()[0])
         assert "--sets forget --skip mmlu rep rgq" in c
     specs = [c.split("--relearn-set ")[1].split()[0] for c in arms]
@@ -98,9 +127,9 @@ def test_lkf_blocks_train_each_method_on_both_datasets():
     assert big[-1].startswith("+ python report.py lkf runs/lkf/tables.md base=")
     small = [l for l in dry_run("lkf_small") if l.startswith("+ ")]
     jensunpp = next(c for c in small if "--method jensunpp" in c and "--recipe lkf" in c)
-    assert "--recipe lkf --lr 0.00015 --lambda-f 0.33 --lambda-r 1 --batch-size 8" in jensunpp    # 9e-5 x 5e-6 / 3e-6
+    assert "--recipe lkf --lr 0.00015 --lambda-f 0.33 --lambda-r 1 --batch-size 4 --deterministic" in jensunpp    # 9e-5 x 5e-6 / 3e-6
     assert jensunpp.count("python evaluate.py") == 2 and "--protocol lkf" in jensunpp
-    assert any("--method graddiff" in c and "--lr 1.5e-05 --lambda-f 1 --lambda-r 2 --batch-size 8" in c for c in small)
+    assert any("--method graddiff" in c and "--lr 1.5e-05 --lambda-f 1 --lambda-r 2 --batch-size 4 --deterministic" in c for c in small)
     assert small[-1].count("/eval_lkf/final,") == 7
 
 
