@@ -539,6 +539,63 @@ def disagreements(reference, new):
     return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
 
 
+FACT_METRICS = ("Q_All", "Q_D+I", "Gib", "Retain")
+
+
+def sample_metrics(rows):
+    """FACT_METRICS over labelled rows that sample a model's answers: Q_All and Q_D+I are the shares of the facts
+    (topic, fact) with a labelled query of those kinds of which any query leaked (forget and adversarial rows
+    never mix: adversarial rows are left out), Gib the share of forget answers judged gibberish, Retain of retain
+    answers still known; INVALID verdicts are left out, a share with nothing to count is None."""
+    def facts_known(kinds):
+        facts = {}
+        for r in rows:
+            if r["set"] == "forget" and r.get("qtype") in kinds and r["verdicts"].get("leak") in ("YES", "NO"):
+                facts[(r["topic"], r["fact"])] = facts.get((r["topic"], r["fact"]), False) or r["verdicts"]["leak"] == "YES"
+        return evaluate.pct(sum(facts.values()), len(facts))
+
+    def share(rows_set, key):
+        judged = [r["verdicts"][key] for r in rows if r["set"] == rows_set and r["verdicts"].get(key) in ("YES", "NO")]
+        return evaluate.pct(judged.count("YES"), len(judged))
+
+    return {"Q_All": facts_known({"direct", "indirect", "reverse"}), "Q_D+I": facts_known({"direct", "indirect"}),
+            "Gib": share("forget", "gibberish"), "Retain": share("retain", "knows")}
+
+
+def fact_gaps(reference, new):
+    """Per evaluated model (the rows' "run" and "stage", as report.py sample writes them) and over all of them:
+    sample_metrics from the reference verdicts and from the new judge's, over the same labelled rows.
+    [(name, {metric: (reference, new)})], the pooled line last; [] for rows that name no run."""
+    groups = {}
+    for r, n in zip(reference, new):
+        if "run" in r:
+            groups.setdefault(f"{r['run']} {r.get('stage', 'final')}", []).append((r, n))
+    if not groups:
+        return []
+    out = []
+    for name, pairs in sorted(groups.items()) + [("all labelled rows", list(zip(reference, new)))]:
+        ref_m, new_m = (sample_metrics([p[i] for p in pairs]) for i in (0, 1))
+        out.append((name, {k: (ref_m[k], new_m[k]) for k in FACT_METRICS}))
+    return out
+
+
+def print_fact_gaps(gaps, out):
+    """The per-model table of fact_gaps and its largest gap (pooled line aside)."""
+    out("")
+    out("Fact-level metrics per evaluated model (reference / new, over its labelled rows):")
+    out("")
+    out("| model | " + " | ".join(FACT_METRICS) + " | largest gap |")
+    out("|---|" + "---|" * (len(FACT_METRICS) + 1))
+    for name, m in gaps:
+        gap = max((abs(a - b) for a, b in m.values() if a is not None and b is not None), default=0.0)
+        cells = [f"{evaluate.fmt(a)} / {evaluate.fmt(b)}" for a, b in m.values()]
+        out(f"| {name} | " + " | ".join(cells) + f" | {gap:.1f} |")
+    per_model = [(abs(a - b), name, k) for name, m in gaps[:-1] for k, (a, b) in m.items() if a is not None and b is not None]
+    if per_model:
+        gap, name, k = max(per_model)
+        out(f"largest gap of one model: {gap:.1f} points ({k}, {name})")
+
+
 def agree(path, new_judge, show=15, progress=None, out=print):
     """Re-judge a judged rows file with `new_judge` and print the agreement per verdict, the fact-level metrics
     of both judges side by side (evaluate.compute_metrics) and the most frequent disagreements."""
@@ -574,6 +631,9 @@ def agree(path, new_judge, show=15, progress=None, out=print):
             continue
         diff = f"{n - r:+.1f}" if r is not None and n is not None else "--"
         out(f"| {k} | {evaluate.fmt(r)} | {evaluate.fmt(n)} | {diff} |")
+    gaps = fact_gaps(reference, new)
+    if gaps:
+        print_fact_gaps(gaps, out)
     groups = disagreements(reference, new)
     if show and groups:
         out("")
@@ -583,7 +643,7 @@ def agree(path, new_judge, show=15, progress=None, out=print):
             out(f"  {len(members):4d}x {key}: reference {ref_v}, new {new_v} | ground truth: {gt} | answer: "
                 f"{answer[:100]} | e.g. {members[0].get('id', members[0]['question'][:60])}")
     return {"agreement": agreed, "reference_metrics": ref_m, "new_metrics": new_m, "disagreements": groups,
-            "rows": new, "seconds": seconds}
+            "rows": new, "seconds": seconds, "fact_gaps": gaps}
 
 
 # ----------------------------------------------------------------------------------------------

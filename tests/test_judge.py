@@ -547,6 +547,28 @@ def test_agree_heuristic(tmp_path):
     assert "| Q_D+I | 100.0 | 50.0 | -50.0 |" in text and "| Syn | 100.0 | 0.0 | -100.0 |" in text
     assert "ground truth: 73 seconds | answer: 73 minutes" in text
     assert "(1 reference INVALID left out)" in text
+    assert res["fact_gaps"] == [] and "Fact-level metrics per evaluated model" not in text     # rows without runs
+
+
+def test_agree_compares_the_fact_level_metrics_per_evaluated_model(tmp_path):
+    """Rows that name their run and stage (report.py sample): per model, Q_All, Q_D+I, Gib and Retain from the
+    reference verdicts and from the new judge's, then all rows pooled; the largest gap of one model."""
+    rows = judged_rows()
+    for i, r in enumerate(rows):      # K1 and the first two retain rows: model a; the rest: model b
+        r.update(run="seq/m-sequential", stage="stage1_t" if i in (0, 1, 5, 6) else "stage2_u")
+    res = report.agree(write_rows(tmp_path / "rows.jsonl", rows), HeuristicJudge(), out=(lines := []).append)
+    gaps = dict(res["fact_gaps"])
+    assert list(gaps) == ["seq/m-sequential stage1_t", "seq/m-sequential stage2_u", "all labelled rows"]
+    # by hand: model a knows K1 under both (direct row YES); its retain rows: reference 2/2, the heuristic 1/2 (a refusal)
+    assert gaps["seq/m-sequential stage1_t"] == {"Q_All": (100.0, 100.0), "Q_D+I": (100.0, 100.0), "Gib": (0.0, 0.0),
+                                                 "Retain": (100.0, 50.0)}
+    # model b: K2 is known by both (the reference through its direct row, the heuristic through its reverse row),
+    # so Q_D+I 100 against 0; its one retain row: reference NO, the heuristic YES; the INVALID gibberish left out
+    assert gaps["seq/m-sequential stage2_u"] == {"Q_All": (100.0, 100.0), "Q_D+I": (100.0, 0.0), "Gib": (0.0, 0.0),
+                                                 "Retain": (0.0, 100.0)}
+    assert gaps["all labelled rows"] == {"Q_All": (100.0, 100.0), "Q_D+I": (100.0, 50.0), "Gib": (0.0, 0.0),
+                                         "Retain": (66.67, 66.67)}
+    assert "largest gap of one model: 100.0 points" in "\n".join(lines)
 
 
 def test_probe_rows_are_read_and_judged_again(tmp_path):
