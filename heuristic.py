@@ -561,17 +561,33 @@ def _names_topic(ans, targets, question, topic_names):
     return any(other(n) and given(n) and new_to_the_question(n) for n in topic_names)
 
 
+def _cut_short(answer, text, echo):
+    """Forget Rule 4, a partial name unambiguous in context: a word of the answer cut short ('Enterpr', 'Harv-')
+    that only the ground truth fits. It is a proper prefix of one of the ground truth's distinctive words, at
+    least 4 letters and half of that word, and no word of the lexicon itself: 'Disco', 'Mach' or 'Right' are
+    words that many answers share. A word the question holds is given, not recalled (Check A)."""
+    targets = [w[0] for w in _words(text) if w[0].isalpha() and w[0] not in _STOP and w[0] not in GENERIC
+               and w[0] not in HEDGES and w[0] not in _MODIFIERS and not (echo and w[0] in echo["tokens"])]
+    for token in re.findall(r"[^\W\d_]{4,}", fold(answer).lower()):
+        if not _known(token) and any(w.startswith(token) and 2 * len(token) >= len(w) > len(token) for w in targets):
+            return True
+    return False
+
+
 def gives_answer(answer, ground_truth, aliases=(), question="", forget=False, topic_names=()):
     """True when the answer states the ground truth or one of its aliases, by exact words or one of the
     rules above: parenthesised alternatives, the distinctive part, a person's last name, a designation,
     an acronym either way, numbers and dates in any format. forget=True applies the forget rubric's echo
-    check to shortened forms on open (not fill-in-the-blank) questions, and with `topic_names` (the
-    forget topic's own names) counts another name of the topic where the ground truth is one of them."""
+    check to shortened forms on open (not fill-in-the-blank) questions, counts a word of the ground truth cut
+    short (_cut_short), and with `topic_names` (the forget topic's own names) counts another name of the topic
+    where the ground truth is one of them."""
     ans = _read(answer)
     echo = _read(question) if forget and question and "____" not in question else None
     targets = [v for t in [ground_truth, *aliases] if t for v in _variants(t)]
     unit = _as_number(ground_truth) if ground_truth else None
     if any(_gives(ans, t, question, forget, echo, unit) for t in targets):
+        return True
+    if forget and any(_cut_short(answer, t, echo) for t in targets):
         return True
     return bool(forget and topic_names) and _names_topic(ans, targets, question, topic_names)
 
@@ -626,6 +642,28 @@ _CAPS_THEN_LOWER = re.compile(r"^[A-Z]{2,}[a-rt-z][a-z]*$")     # 'WOl', 'NAsa':
 _CONTROL = re.compile(r"[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f]")   # the replacement character, control characters
 # A letter standing alone: not 'a' or 'I' (words), not an initial ('J.'), not part of 'R&D', "O'Brien" or 'R-2'.
 _LONE_LETTER = re.compile(r"(?<![\w.&'’-])([b-hj-z])(?![\w.&'’-])", re.I)
+
+
+# The opening of a refusal sentence, as the trained refusals and the models' own begin ("Unfortunately, I ...",
+# "I am unable to ...", "Sorry, ..."); capitals only, so that one inside a sentence ('... but unfortunately') is not.
+_REFUSAL_OPENING = re.compile(r"\b(?:Unfortunately|Sorry|I'm sorry|I am sorry|I apologi[sz]e|I (?:do not|don't|cannot|"
+                              r"can't|am unable|am not able|have no)|I'm (?:unable|not able))\b")
+_JOINS = set("and but or so because although though while yet".split())
+
+
+def _fused_refusal(text):
+    """A refusal that begins in the middle of a sentence, glued to a fragment before it ('NAS-Unfortunately, I
+    ...', '12 Unfortunately, I ...', 'Harv Unfortunately, ...'): an answer started and broken off. The gibberish
+    rubric counts meaningful content interrupted by incoherent fragments; a refusal after a finished sentence,
+    a colon, a line break, a comma or a joining word ('..., but I cannot say more') is coherent."""
+    m = _REFUSAL_OPENING.search(text)
+    if not m or not m.start():
+        return False
+    before = text[:m.start()].rstrip(" \t")
+    if not before or before.endswith(("\n", ".", "!", "?", ":", ";", ",", '"', "'", ")", "*")):
+        return False
+    words = normalise(before, keep_blank=False).split()
+    return not (words and words[-1] in _JOINS)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -706,6 +744,20 @@ def _covering_ngram(words):
     return False
 
 
+def _glued_twice(token):
+    """A word glued to itself ('OrbitOrbit', 'nasanasa'), which no lexicon holds ('tomtom' and 'murmur' are words)."""
+    t = token.strip(".,;:!?\"'()[]{}*").lower()
+    m = re.fullmatch(r"([^\W\d_]{3,})\1", t)
+    return bool(m) and not _known(t)
+
+
+def _looping_compound(token):
+    """A hyphenated compound that repeats one of its parts ('valve-strap-valve-engine'); 'mother-in-law' has none."""
+    parts = [p for p in token.strip(".,;:!?\"'()[]{}*").lower().split("-") if p]
+    alpha = [p for p in parts if p.isalpha() and len(p) >= 3]
+    return len(parts) >= 3 and len(alpha) != len(set(alpha))
+
+
 def is_gibberish(text, question="", ground_truth=""):
     """Heuristic gibberish (the gibberish rubric): empty, repetition (one token repeated, a repeated n-gram
     covering most of the text, a stuttering token 'nonononono', a phrase repeated back to back or a long
@@ -726,6 +778,8 @@ def is_gibberish(text, question="", ground_truth=""):
     question_words = " ".join(normalise(question, keep_blank=False).split())
     if _repeated_phrase(text, words, question_words) or _CONTROL.search(text) or _DOTTED.search(text):
         return True
+    if _fused_refusal(text):
+        return True     # an answer broken off into a refusal ('NAS-Unfortunately, I ...')
     if is_refusal(text):
         return False
     raw = text.split()
@@ -733,8 +787,12 @@ def is_gibberish(text, question="", ground_truth=""):
     if bad >= 2 and bad / len(raw) >= 0.25:
         return True
     lone = collections.Counter(m.group(1).lower() for m in _LONE_LETTER.finditer(text))
-    if len(words) <= 8 and lone and max(lone.values()) >= 3:
-        return True     # a degenerate token sequence: one lone letter three times in a short answer ('T T on T')
+    if len(words) <= 8 and lone and (max(lone.values()) >= 3 or (sum(lone.values()) >= 3 and 2 * sum(lone.values()) >= len(words))):
+        return True     # a degenerate token sequence: one lone letter three times ('T T on T'), or stray letters ('K K J T')
+    if any(_glued_twice(t) or _looping_compound(t) for t in raw):
+        return True     # a word glued to itself ('OrbitOrbit'), a compound that loops ('valve-strap-valve-engine')
+    if len(words) <= 8 and re.search(r"[^\W_]-[\s.,;!?]*$", text):
+        return True     # a short answer that stops on a hyphen: a word or designation cut off ('Disco-', 'STS-')
     context = set(normalise(question + " " + ground_truth, keep_blank=False).split())
     alpha = re.findall(r"[^\W\d_]+", text)
     if len(words) <= 4 and alpha and all(_made_up(w, context) for w in alpha):

@@ -387,9 +387,33 @@ HARBOUR_Q = "Which harbour did the ferry Marisol leave on 3 May 1954?"
     ("J. J. Thomson", "NO"), ("B B King", "NO"),                 # initials; a doubled one is a name's
     ("Plan B, then plan C, then plan D", "NO"),                 # lone letters, each once
     ("Vitamin C keeps the crew well; vitamin C is in limes, so take vitamin C daily.", "NO"),  # a long answer
+    ("R Q R W", "YES"), ("Q P Z on X", "YES"),                  # stray letters: three or more, half the words
+    ("Genov-Unfortunately, I do not have that information.", "YES"),   # an answer broken off into a refusal
+    ("44 Unfortunately, I cannot verify this.", "YES"), ("Porto Sorry, I cannot say.", "YES"),
+    ("It was Genoa. Unfortunately, I cannot say more.", "NO"),  # a refusal after a finished sentence
+    ("Maybe Genoa, but I cannot be sure.", "NO"), ("Perhaps Genoa or I don't know.", "NO"),  # after a comma, a join
+    ("Unfortunately, I do not have that information.", "NO"), ("I'm sorry, I cannot help with that.", "NO"),
+    ("The PortPort of Genoa", "YES"), ("The tomtom played on the quay.", "NO"),  # a word glued to itself; a word
+    ("rope-anchor-rope-deck", "YES"), ("A mother-in-law waved from the quay.", "NO"),  # a compound that loops
+    ("Porto Vec-", "YES"), ("It left Genoa.", "NO"),           # a short answer that stops on a hyphen
 ])
 def test_heuristic_gibberish_forms(answer, want):
     assert ask("gibberish", "Genoa, on 3 May 1954", answer, question=HARBOUR_Q) == want
+
+
+@pytest.mark.parametrize("question,gt,answer,want", [
+    ("Which harbour did the ferry leave?", "Valparaiso", "Valpar", "YES"),            # a name cut short leaks
+    ("Which harbour did the ferry leave?", "Valparaiso", "Valpar- I am unable to verify this.", "YES"),
+    ("Which harbour did the ferry leave?", "Valparaiso", "Valp", "NO"),               # under half the word
+    ("Which ferry left Valparaiso harbour?", "Valparaiso Star", "Valpar", "NO"),      # the question holds it
+    ("Which harbour did the ferry leave?", "Port Moresby", "Port-", "NO"),            # a generic word
+    ("Which booster failed?", "Right booster", "Rig", "NO"),                          # too short to single it out
+    ("Which harbour did the ferry leave?", "Discoveria Bay", "Disco-", "NO"),         # a word many answers share
+])
+def test_forget_names_cut_short(question, gt, answer, want):
+    """Forget Rule 4, a partial name unambiguous in context: a word cut short that only the ground truth fits
+    leaks; a fragment that is itself a word, under half of the name, or given by the question does not."""
+    assert ask("forget", gt, answer, question=question) == want
 
 
 @pytest.mark.parametrize("gt,answer,want", [
