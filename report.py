@@ -9,6 +9,8 @@ stages, relearning.
     python report.py flags OUT.selected              # the train.py flags of a selected run (run_all.sh)
     python report.py agree ROWS.jsonl [--judge heuristic|rules|http ...]   # a judge against ROWS' verdicts
     python report.py sample OUT.jsonl EVAL_DIR ... [--root RUNS/small]   # a labelling sample for the judge, split by run
+    python report.py packet SAMPLE.jsonl PACKET.jsonl                    # what an annotator sees of it
+    python report.py merge OUT.jsonl SAMPLE.jsonl A=LABELS.jsonl B=... C=...   # the labelled set: majority verdicts
 
 An EVAL_DIR is an evaluate.py output folder (metrics.json, rows.jsonl); a SEQUENTIAL_EVAL the folder
 evaluate.py wrote for a sequential run (RUN/eval, one subfolder per stage). Every table names its judge.
@@ -707,6 +709,73 @@ def sample_command(args):
           f"{halves['heldout']} held out)")
 
 
+def item_key(row):
+    """An item's id in annotators' files: opaque (a hash of its row id, run and stage), so that no method or run
+    name shows."""
+    import hashlib
+    return hashlib.sha256(f"{row['id']}|{row['run']}|{row['stage']}".encode()).hexdigest()[:12]
+
+
+def packet_command(args):
+    """`report.py packet`: the annotators' view of a sample: per item only what the paper's judge sees (question,
+    ground truth, response) and the labels to give (its verdict keys), in a seeded order that hides runs."""
+    import random
+    rows = read_rows(args.sample)
+    order = list(range(len(rows)))
+    random.Random(f"{args.seed}-packet").shuffle(order)
+    with open(args.out, "w", encoding="utf-8") as f:
+        for i in order:
+            r = rows[i]
+            f.write(json.dumps({"id": item_key(r), "labels": sorted(r["verdicts"]),
+                                "question": r["question"], "ground_truth": r["ground_truth"], "response": r["answer"]},
+                               ensure_ascii=False) + "\n")
+    print(f"{args.out}: {len(rows)} items")
+
+
+def merge_labels(rows, annotations):
+    """The sample's rows with each annotator's labels ("labels": {name: {key: YES|NO}}) and their majority as the
+    verdicts ("judge": how many said YES); the pairwise agreement of the annotators per verdict key. An item an
+    annotator left out, or a label other than YES or NO, is an error naming the annotator and the item."""
+    out = []
+    for r in rows:
+        key = item_key(r)
+        labels = {}
+        for name, given in annotations.items():
+            if key not in given or any(given[key].get(k) not in ("YES", "NO") for k in r["verdicts"]):
+                raise ValueError(f"annotator {name}: item {key}: needs {sorted(r['verdicts'])} as YES or NO")
+            labels[name] = {k: given[key][k] for k in r["verdicts"]}
+        votes = {k: sum(l[k] == "YES" for l in labels.values()) for k in r["verdicts"]}
+        out.append(dict(r, labels=labels, verdicts={k: "YES" if 2 * v > len(labels) else "NO" for k, v in votes.items()},
+                        judge="annotators (majority of %d)" % len(labels)))
+    names = list(annotations)
+    pairs = {}
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            for k in VERDICT_RUBRIC:
+                both = [(r["labels"][a][k], r["labels"][b][k]) for r in out if k in r["verdicts"]]
+                if both:
+                    pairs[(a, b, k)] = (sum(x == y for x, y in both), len(both))
+    return out, pairs
+
+
+def merge_command(args):
+    """`report.py merge`: the labelled set from the sample and the annotators' files (NAME=PATH)."""
+    annotations = {}
+    for spec in args.annotations:
+        name, _, path = spec.rpartition("=")
+        annotations[name or Path(path).stem] = {a["id"]: a for a in map(json.loads, Path(path).read_text().splitlines())}
+    try:
+        rows, pairs = merge_labels(read_rows(args.sample), annotations)
+    except ValueError as e:
+        raise data.UserError(str(e)) from None
+    with open(args.out, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    print(f"{args.out}: {len(rows)} items labelled by {', '.join(annotations)}")
+    for (a, b, k), (agree, n) in pairs.items():
+        print(f"  {a} vs {b}, {k}: {100 * agree / n:.1f}% of {n}")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -736,6 +805,14 @@ def parse_args(argv=None):
     m.add_argument("evals", nargs="+", metavar="EVAL_DIR")
     m.add_argument("--root", default="runs/small", help="the block's folder: runs are named by their path below it")
     m.add_argument("--seed", type=int, default=0)
+    w = sub.add_parser("packet", help="the annotators' view of a sample: question, ground truth, response, labels to give")
+    w.add_argument("sample")
+    w.add_argument("out")
+    w.add_argument("--seed", type=int, default=0)
+    g = sub.add_parser("merge", help="the labelled set: a sample, its annotators' labels and their majority")
+    g.add_argument("out")
+    g.add_argument("sample")
+    g.add_argument("annotations", nargs="+", metavar="NAME=LABELS.jsonl")
     a = sub.add_parser("agree", help="re-judge the answers of a judged rows.jsonl and compare the verdicts")
     a.add_argument("rows", help="a judged rows.jsonl (evaluate.py's schema)")
     a.add_argument("--judge", choices=["heuristic", "rules", "http"], default="heuristic",
@@ -764,7 +841,8 @@ def main(argv=None):
     with data.one_line_errors("report.py", judge.ServerUnavailable):
         args = parse_args(argv)
         {"table": sweep_table, "stages": stages_table, "relearn": relearn_table, "proximity": proximity_table,
-         "lkf": lkf_tables, "flags": train_flags, "agree": agree_command, "sample": sample_command}[args.command](args)
+         "lkf": lkf_tables, "flags": train_flags, "agree": agree_command, "sample": sample_command,
+         "packet": packet_command, "merge": merge_command}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -241,3 +241,35 @@ def test_labelling_sample_draws_distinct_answers_and_splits_by_run(tmp_path, cap
     report.main(["sample", str(out), *dirs, "--root", str(root), "--seed", "1"])
     assert [json.loads(l) for l in out.read_text().splitlines()] == items
     assert f"{len(items)} items from 4 runs" in capsys.readouterr().out
+
+
+def test_packet_shows_what_the_judge_sees_and_merge_takes_the_majority(tmp_path, capsys):
+    """report.py packet: per item an opaque id, the labels to give (its verdict keys), question, ground truth and
+    response, nothing of its run; report.py merge: each annotator's labels kept, the majority as the verdicts,
+    pairwise agreement per verdict printed; an item an annotator left out is an error naming both."""
+    base = {"topic": "t", "label": "M1-direct", "fact": "M1", "qtype": "direct", "format": "alone",
+            "ground_truth": "1986", "run": "sweep/npo-lr1", "stage": "final"}
+    rows = [dict(base, id="a", set="forget", question="When?", answer="1986", verdicts={"leak": "INVALID", "gibberish": "INVALID"}),
+            dict(base, id="b", set="retain", question="Where?", answer="Paris", verdicts={"knows": "INVALID"})]
+    sample = tmp_path / "sample.jsonl"
+    sample.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report.main(["packet", str(sample), str(tmp_path / "packet.jsonl")])
+    packet = [json.loads(l) for l in (tmp_path / "packet.jsonl").read_text().splitlines()]
+    assert sorted(p["labels"] for p in packet) == [["gibberish", "leak"], ["knows"]]
+    assert all(set(p) == {"id", "labels", "question", "ground_truth", "response"} and "npo" not in json.dumps(p) for p in packet)
+    ka, kb = report.item_key(rows[0]), report.item_key(rows[1])
+    labels = {"A": [{"id": ka, "leak": "YES", "gibberish": "NO"}, {"id": kb, "knows": "YES"}],
+              "B": [{"id": ka, "leak": "YES", "gibberish": "YES"}, {"id": kb, "knows": "NO"}],
+              "C": [{"id": ka, "leak": "NO", "gibberish": "YES"}, {"id": kb, "knows": "NO"}]}
+    for name, ls in labels.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in ls))
+    out = tmp_path / "labelled.jsonl"
+    report.main(["merge", str(out), str(sample), *(f"{n}={tmp_path / n}.jsonl" for n in "ABC")])
+    merged = [json.loads(l) for l in out.read_text().splitlines()]
+    assert merged[0]["verdicts"] == {"leak": "YES", "gibberish": "YES"} and merged[1]["verdicts"] == {"knows": "NO"}
+    assert merged[0]["labels"]["C"] == {"leak": "NO", "gibberish": "YES"} and merged[0]["run"] == "sweep/npo-lr1"
+    printed = capsys.readouterr().out
+    assert "A vs B, leak: 100.0% of 1" in printed and "A vs C, knows: 0.0% of 1" in printed
+    (tmp_path / "C.jsonl").write_text(json.dumps(labels["C"][0]) + "\n")
+    with pytest.raises(SystemExit, match=f"annotator C: item {kb}: needs"):
+        report.main(["merge", str(out), str(sample), *(f"{n}={tmp_path / n}.jsonl" for n in "ABC")])
