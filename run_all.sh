@@ -36,8 +36,8 @@ SMALL_LR_FACTORS=${SMALL_LR_FACTORS:-"3 10 30"}         # block small: multiples
 SMALL_PARTS=${SMALL_PARTS:-"inject sweep seq"}          # block small: the parts to run, in order (resumable); also: lambda
 SMALL_PROMPT=${SMALL_PROMPT:-chat}                     # block small: answer format (the injection is chat)
 # SMALL_EVAL_EXTRA: more evaluate.py flags for the small blocks (a CPU smoke run: --limit 2 --judge rules)
-# block small: every training at the authors' loss micro-batch of 4 (relearning: 8), deterministic, so that a
-# rerun of any job gives the same rows (the injection on the same kind of GPU)
+# block small: every training at the authors' loss micro-batch of 4 (relearning: train.py's default of 8, in the
+# same global batch of 32), deterministic, so that a rerun of any job gives the same rows (on the same kind of GPU)
 SMALL_TRAIN_ARGS=${SMALL_TRAIN_ARGS:---batch-size 4 --deterministic}
 SMALL_RELEARN_ARGS=${SMALL_RELEARN_ARGS:---deterministic}
 SMALL_INJECT_ARGS=${SMALL_INJECT_ARGS:---lr 1e-4 --epochs 4 --global-batch 16 --batch-size 16}   # block small: the injection
@@ -48,7 +48,8 @@ declare -A SMALL_LAMBDAS=([jensunpp]="--lambda-f 2")
 # their number; $JOBS then counts the lines running on all of them together). Unset: every line on the default GPU.
 GPUS=${GPUS:-}
 # block small: MPS=1 starts a CUDA MPS daemon for the block (unless one runs), so that the kernels of the
-# side-by-side processes overlap instead of taking turns (12 SmolLM2 trainings on an H200: 44 -> 74 steps/s).
+# side-by-side processes overlap instead of taking turns (12 SmolLM2-shaped trainings on an H200: 44.4 -> 73.6
+# steps/s together, BENCHMARKS.md).
 MPS=${MPS:-0}
 
 run() { echo "+ $*"; if [ $DRY = 0 ]; then "$@"; fi; }
@@ -422,8 +423,9 @@ block_sequential() { multi_topic sequential; }   # tab:seq_models and the figure
 block_joint() { multi_topic joint; }             # tab:comb_models
 
 block_relearn() {
-  # Relearning attack on the joint checkpoints: fine-tune on the retain train set, 10 epochs, batch 8,
-  # lr 1e-5 / 2e-6 / 5e-6 per model family (losses.HPARAMS "nll", read from the path), then evaluate again.
+  # Relearning attack on the joint checkpoints: fine-tune on the retain train set, 10 epochs, 32 pairs a step in
+  # loss micro-batches of 8 (train.py's relearning defaults), lr 1e-5 / 2e-6 / 5e-6 per model family
+  # (losses.HPARAMS "nll", read from the path), then evaluate again.
   for model in "$LLAMA" "$MINISTRAL" "$QWEN"; do
     for m in $METHODS_TOP5; do
       local src=$RUNS/joint/${model##*/}/$m/final
