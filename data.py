@@ -514,14 +514,20 @@ class PairedTrainSet:
 def injection_rows(files, eval_wordings=True):
     """Every question of a topic once, in every wording (forget train and eval wordings, all retain
     rows): the fine-tuning set that gives a small model the knowledge that unlearning then removes.
-    eval_wordings=False keeps the training files only (forget_train, retain_train): evaluation then asks
-    wordings the model never saw, as it does a model that learned the facts in pretraining."""
+    eval_wordings=False keeps the training files (forget_train, retain_train) less every question that
+    evaluation asks (a direct or reverse question's original wording is in both forget_train and the
+    eval set): evaluation then asks wordings the model never saw, as it does a model that learned the
+    facts in pretraining."""
+    asked = list(files["retain_eval"])
+    for r in files["forget_eval_rephrasings"]:
+        asked += [{"question": r["question"] if v == "original" else r[v], "answer": r["answer"],
+                   "label": f"{r['label']}@{v}"} for v in EVAL_VARIANTS]
     rows = list(files["forget_train"]) + list(files["retain_train"])
     if eval_wordings:
-        rows += list(files["retain_eval"])
-        for r in files["forget_eval_rephrasings"]:
-            rows += [{"question": r["question"] if v == "original" else r[v], "answer": r["answer"],
-                      "label": f"{r['label']}@{v}"} for v in EVAL_VARIANTS]
+        rows += asked
+    else:
+        evaluated = {normalise(r["question"]) for r in asked}
+        rows = [r for r in rows if normalise(r["question"]) not in evaluated]
     unique = {}
     for r in rows:
         unique.setdefault(normalise(r["question"]), r)
