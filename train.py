@@ -646,6 +646,7 @@ class Trainer:
                     if spec.get("dual"):
                         lambda_r = spec["dual"](lambda_r, global_mean(part_stats, self.device), hp, epoch)
                 loss, diagnostics = self.pass_loss(L_f, L_r, lambdas, diagnostics, groups, logits, len(pass_seqs))
+                del out, logits, part           # the pass's logits freed as backward frees its graph (peak memory)
             with record_function("train::backward"):
                 self.updates.backward(loss)
             tokens += n
