@@ -26,6 +26,7 @@ import random
 import resource
 import shutil
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -800,7 +801,9 @@ class StepLog:
     global norm; MAX_SKIPPED_IN_A_ROW in a row stop the run) and --profile-steps."""
 
     def __init__(self, trainer, start):
-        self.t, path = trainer, Path(trainer.args.out) / "log.jsonl"
+        # A weak reference: the trainer owns its log, and a cycle would keep a finished stage's models (and
+        # their GPU memory) alive until the garbage collector runs, past the next stage's start.
+        self.t, path = weakref.proxy(trainer), Path(trainer.args.out) / "log.jsonl"
         if trainer.rank == 0:
             truncate_log(path, trainer.stage_name, start)
         self.file = open(path, "a") if trainer.rank == 0 else None
