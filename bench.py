@@ -74,6 +74,17 @@ def project_topic(first, full_mean, smalls, steps, short_steps):
     return first + (steps - 1 - short_steps) * full_mean + first_short + (short_steps - 1) * later_short
 
 
+def step_flops(model, tokens, ref_tokens, world):
+    """A step's model FLOPs over all ranks, from its tokens and its frozen-model tokens per rank."""
+    c = RANDOM_CONFIGS[model.split(":")[1]]
+    head_dim = c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
+    per_layer = (2 * c["hidden_size"] ** 2 + 2 * c["hidden_size"] * c["num_key_value_heads"] * head_dim   # q, o, k, v
+                 + 3 * c["hidden_size"] * c["intermediate_size"])                                       # MLP
+    n_params = c["num_hidden_layers"] * per_layer            # non-embedding; the head runs on answer tokens only
+    # 6N per trained token (forward + backward), 2N per frozen-model token; per rank, summed over ranks
+    return (6 * n_params * tokens + 2 * n_params * ref_tokens) * world
+
+
 def bench_train(model, method, steps, warmup, out, extra, profile=0):
     """Run train.py for `steps` optimizer steps without saving; statistics over the full steps after
     `warmup` (an epoch's short last step, which may compile its own shape, is reported apart). `profile`:
@@ -109,13 +120,7 @@ def bench_train(model, method, steps, warmup, out, extra, profile=0):
     step_time = sum(r["step_time"] for r in full) / len(full)
     tokens = sum(r["tokens"] for r in full) / len(full)
     ref_tokens = sum(r["ref_tokens"] for r in full) / len(full)
-    c = RANDOM_CONFIGS[model.split(":")[1]]
-    head_dim = c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
-    per_layer = (2 * c["hidden_size"] ** 2 + 2 * c["hidden_size"] * c["num_key_value_heads"] * head_dim   # q, o, k, v
-                 + 3 * c["hidden_size"] * c["intermediate_size"])                                       # MLP
-    n_params = c["num_hidden_layers"] * per_layer            # non-embedding; the head runs on answer tokens only
-    # 6N per trained token (forward + backward), 2N per frozen-model token; per rank, summed over ranks
-    flops = (6 * n_params * tokens + 2 * n_params * ref_tokens) * world
+    flops = step_flops(model, tokens, ref_tokens, world)
     peak, device = peak_flops()
     short_steps = run_args.epochs if short_last else 0
     topic_s = project_topic(log[0]["step_time"], step_time, smalls, steps_per_topic, short_steps)
@@ -287,7 +292,7 @@ def bench_judge(paths):
             "topic_coherence_s": round(TOPIC_GIBBERISH * share / per_s + (t2 - t1), 1)}
 
 
-def main():
+def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=MODEL, help="random:<name> of model.RANDOM_CONFIGS (any model for gen, mmlu, rep)")
     p.add_argument("--parts", nargs="+", default=["train", "gen", "mmlu", "rep"],
@@ -316,7 +321,11 @@ def main():
                    help="judge (CPU, not in the default set): judged rows.jsonl files to time the offline judge on")
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[], help="passed on to train.py")
-    args = p.parse_args()
+    return p, p.parse_args()
+
+
+def main():
+    p, args = parse_args()
     if int(os.environ.get("WORLD_SIZE", 1)) > 1 and len(args.methods) > 1:
         # train.main tears its process group down at the end; NCCL cannot be set up again in the same
         # torchrun process (seen on 2 x H200), so each method needs its own torchrun call.

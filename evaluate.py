@@ -626,6 +626,38 @@ def parse_args(argv=None):
                         "training system message")
     p.add_argument("--system-prompt", default=None,
                    help="system message of --prompt-format chat (default: the run's training one, else data.SYSTEM_PROMPT)")
+    add_judge_flags(p)
+    add_set_flags(p)
+    add_generation_flags(p)
+    args = p.parse_args(argv)
+    if not args.ckpt and not args.rescore:
+        raise data.UserError("give CKPT or --rescore EVAL_DIR (tables over many evaluations: report.py)")
+    data.check_flags(args, FLAG_RULES)
+    return resolve_args(args)
+
+
+def resolve_args(args):
+    """Flag values combined: the LKF* protocol's root, sets and probe, and the topics."""
+    args.long_cache = None if args.long_cache == "dynamic" else args.long_cache
+    if args.protocol == "lkf":
+        if args.data_root == str(data.DEFAULT_ROOT):
+            args.data_root = str(data.LKF_ROOT)
+        args.sets = [s for s in args.sets if s != "adversarial"]
+        args.probe = args.probe or "Challenger"
+    args.probe_root = data.DEFAULT_ROOT if args.protocol == "lkf" else args.data_root   # LKF* has no Lexical rows
+    if data.is_lkf_root(args.data_root) != (args.protocol == "lkf"):
+        raise data.UserError(f"--data-root {args.data_root}: an LKF* root goes with --protocol lkf, and only it")
+    if args.topics == ["all"]:
+        args.topics = [t for t in data.TOPICS if (Path(args.data_root) / t).exists()]
+        if not args.topics and args.ckpt:
+            raise data.UserError(f"--data-root {args.data_root}: no SUITE topic folder in it")
+    else:
+        args.topics = data.check_topics(args.topics, args.data_root)
+    return args
+
+
+def add_judge_flags(p):
+    """The judge: which one, its server, and the INVALID verdicts a report tolerates."""
     p.add_argument("--judge", choices=["heuristic", "rules", "http"], default="heuristic",
                    help="heuristic: offline rules, and SmolLM2's coherence score for long answers (gibberish); rules: "
                         "the rules alone (no model loaded); http: an LLM judge server, the paper's numbers")
@@ -638,6 +670,10 @@ def parse_args(argv=None):
                         "exits non-zero (default 0.02)")
     p.add_argument("--max-rgq-discarded", type=float, default=MAX_RGQ_DISCARDED,
                    help="likewise for RGQ pairs discarded for an INVALID verdict (default 0.05; the paper's judge: 1.5 +- 0.9%%)")
+
+
+def add_set_flags(p):
+    """What is evaluated: the base model for RGQ, utility parts, query sets, the LKF* protocol."""
     p.add_argument("--base", help="base model for RGQ (default: the run's --model, if CKPT is a train.py run)")
     p.add_argument("--base-eval", metavar="RUN_DIR",
                    help="an evaluation of the base model: adds the NLL before/after analysis (needs --base)")
@@ -651,6 +687,10 @@ def parse_args(argv=None):
     p.add_argument("--probe", metavar="WORD", help="add the benign lexical probe: the topic's Lexical questions that "
                    "contain WORD, as written and in lower case, counted as refusals, gibberish or fluent (read from "
                    "data/suite under --protocol lkf; its default there: Challenger)")
+
+
+def add_generation_flags(p):
+    """Generation and the utility metrics: limits, batches, caches, precision, sizes."""
     p.add_argument("--limit", type=int, help="first N facts and N retain rows per category and tier (smoke runs)")
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="generation and MMLU batch (one H100, 3B: "
                    "1024 for the answers; BENCHMARKS.md)")
@@ -673,26 +713,6 @@ def parse_args(argv=None):
     p.add_argument("--rgq-n", type=int, default=100)
     p.add_argument("--rgq-tokens", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    if not args.ckpt and not args.rescore:
-        raise data.UserError("give CKPT or --rescore EVAL_DIR (tables over many evaluations: report.py)")
-    data.check_flags(args, FLAG_RULES)
-    args.long_cache = None if args.long_cache == "dynamic" else args.long_cache
-    if args.protocol == "lkf":
-        if args.data_root == str(data.DEFAULT_ROOT):
-            args.data_root = str(data.LKF_ROOT)
-        args.sets = [s for s in args.sets if s != "adversarial"]
-        args.probe = args.probe or "Challenger"
-    args.probe_root = data.DEFAULT_ROOT if args.protocol == "lkf" else args.data_root   # LKF* has no Lexical rows
-    if data.is_lkf_root(args.data_root) != (args.protocol == "lkf"):
-        raise data.UserError(f"--data-root {args.data_root}: an LKF* root goes with --protocol lkf, and only it")
-    if args.topics == ["all"]:
-        args.topics = [t for t in data.TOPICS if (Path(args.data_root) / t).exists()]
-        if not args.topics and args.ckpt:
-            raise data.UserError(f"--data-root {args.data_root}: no SUITE topic folder in it")
-    else:
-        args.topics = data.check_topics(args.topics, args.data_root)
-    return args
 
 
 def check_inputs(args, stages, base):

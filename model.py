@@ -7,6 +7,7 @@ train.py, evaluate.py, utility.py and bench.py import it; nothing here trains.
 """
 import contextlib
 import copy
+import dataclasses
 import functools
 import importlib.util
 import inspect
@@ -21,12 +22,7 @@ from pathlib import Path
 import torch
 
 import data
-
-try:                  # comes with torch's CUDA builds; without it decoding attention stays on torch's own kernels
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
+from fused_kernels import decode_attention_reference, fused_rope, rotate_half_rope, triton
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_DIR = Path(os.environ.get("SUITE_CACHE", Path.home() / ".cache" / "suite-unlearning"))
@@ -229,6 +225,14 @@ def check_model(name, flag="--model"):
                              "to use the local cache") from None
 
 
+def load_config(name, trust_remote_code=False):
+    """The Hugging Face config of a --model value, without its weights (random:<name>: its LlamaConfig)."""
+    from transformers import AutoConfig, LlamaConfig
+    if name.startswith("random:"):
+        return LlamaConfig(**RANDOM_CONFIGS[name.split(":", 1)[1]])
+    return AutoConfig.from_pretrained(resolve_model_path(name), trust_remote_code=trust_remote_code)
+
+
 def model_family(config_or_name):
     """The key of losses.HPARAMS and of the paper's refusals for a model: "llama", "ministral" (Mistral
     and Ministral), "qwen" (every Qwen generation), else "default". Read from the checkpoint's own
@@ -258,9 +262,10 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0,
     there each key/value head attends for its group of query heads (queries reshaped to (B, kv heads,
     group, d)), so the cache is read once. transformers' SDPA copies every cached key and value `group`
     times whenever a padding mask is passed (5.17; 5.24 too under torch.compile), which bounds batched
-    generation. On CUDA with Triton the `decode_attention` kernel computes it, eager and compiled; elsewhere
-    SDPA when compiled and two matmuls and a softmax (as transformers' eager attention) when not, each the
-    faster there (BENCHMARKS.md). Equal greedy answers: tests/test_model.py, tests/test_bench.py (GPU)."""
+    generation. On CUDA with Triton the kernel fused_kernels.decode_attention computes it, eager and
+    compiled; elsewhere SDPA when compiled and its torch reference (two matmuls and a softmax, as
+    transformers' eager attention) when not, each the faster there (BENCHMARKS.md). Equal greedy answers:
+    tests/test_fused_kernels.py, tests/test_model.py, tests/test_bench.py (GPU)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     group = getattr(module, "num_key_value_groups", 1)
     if (query.shape[2] != 1 or group == 1 or any(kwargs.get(k) is not None for k in ("position_bias", "s_aux", "softcap"))
@@ -279,69 +284,8 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0,
         out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
                                                                scale=scale)
     else:
-        scores = torch.matmul(query, key.transpose(2, 3)) * scale
-        if mask is not None:
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-        weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
-        out = torch.matmul(weights, value)
+        out = decode_attention_reference(query, key, value, mask, scale, dropout, module.training)
     return out.reshape(B, H, 1, d).transpose(1, 2).contiguous(), None
-
-
-if triton is not None:
-    @triton.jit
-    def _decode_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, scale, length,
-                       q_b, q_h, q_g, k_b, k_h, k_n, v_b, v_h, v_n, m_b, m_n, o_b, o_h, o_g,
-                       GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                       MASKED: tl.constexpr, PRECISION: tl.constexpr):
-        """One (row, key/value head): its GROUP query heads against the cache, BLOCK keys at a time, with
-        an online softmax in fp32 (flash attention's recurrence); blocks with no key to attend to (left
-        padding, a static cache's unfilled end) are not read."""
-        b, h = tl.program_id(0), tl.program_id(1)
-        g, d = tl.arange(0, GROUP_PAD), tl.arange(0, D)
-        q = tl.load(q_ptr + b * q_b + h * q_h + g[:, None] * q_g + d[None, :], mask=g[:, None] < GROUP, other=0.0)
-        top = tl.full([GROUP_PAD], float("-inf"), tl.float32)        # running max of the scores
-        total = tl.zeros([GROUP_PAD], tl.float32)                     # running sum of exp(score - top)
-        acc = tl.zeros([GROUP_PAD, D], tl.float32)
-        for start in range(0, length, BLOCK):
-            n = start + tl.arange(0, BLOCK)
-            keep = n < length
-            if MASKED:
-                keep = keep & (tl.load(mask_ptr + b * m_b + n * m_n, mask=keep, other=0) != 0)
-            if tl.max(keep.to(tl.int32), axis=0) > 0:
-                k = tl.load(k_ptr + b * k_b + h * k_h + n[:, None] * k_n + d[None, :], mask=keep[:, None], other=0.0)
-                s = (tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale).to(tl.float32)   # compiled: scale is fp64
-                s = tl.where(keep[None, :], s, float("-inf"))
-                new_top = tl.maximum(top, tl.max(s, axis=1))
-                p = tl.exp(s - new_top[:, None])
-                rescale = tl.exp(top - new_top)
-                total = total * rescale + tl.sum(p, axis=1)
-                v = tl.load(v_ptr + b * v_b + h * v_h + n[:, None] * v_n + d[None, :], mask=keep[:, None], other=0.0)
-                acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-                top = new_top
-        out = acc / tl.where(total > 0, total, 1.0)[:, None]           # a row with nothing to attend to: zeros
-        tl.store(out_ptr + b * o_b + h * o_h + g[:, None] * o_g + d[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=g[:, None] < GROUP)
-
-    @torch.library.triton_op("suite::decode_attention", mutates_args=())
-    def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                         scale: float) -> torch.Tensor:
-        """Grouped-query attention of one decoding step: query (B, kv heads, group, d), key and value
-        (B, kv heads, L, d), mask (B, L) bool (True = attend) or None; (B, kv heads, group, d) out. Each
-        program reads one key/value head of one row once, for its whole group (a Triton kernel; a torch op,
-        so that torch.compile keeps it in the static cache's decoding step). 128 keys and 2 warps per block:
-        the fastest of 32-128 keys and 2-8 warps on an H100 (BENCHMARKS.md)."""
-        B, H, G, d = query.shape
-        out = torch.empty_like(query, memory_format=torch.contiguous_format)
-        m_b, m_n = mask.stride() if mask is not None else (0, 0)
-        kernel = _decode_kernel      # Triton's interpreter (TRITON_INTERPRET=1, tests) makes no JITFunction
-        if isinstance(kernel, triton.runtime.JITFunction):
-            kernel = torch.library.wrap_triton(kernel)
-        kernel[(B, H)](query, key, value, query if mask is None else mask, out, scale, key.shape[2],
-                       *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], m_b, m_n, *out.stride()[:3],
-                       GROUP=G, GROUP_PAD=max(16, triton.next_power_of_2(G)), D=d, BLOCK=128, MASKED=mask is not None,
-                       PRECISION="ieee" if query.dtype == torch.float32 else "tf32", num_warps=2)
-        return out
 
 
 GENERATION_ATTENTION = "gqa_decode"      # load_model's attention where the model would use SDPA
@@ -568,7 +512,7 @@ def _fused_rms_norm(module, hidden_states):
     return torch.nn.functional.rms_norm(hidden_states, module.weight.shape, module.weight, module.variance_epsilon)
 
 
-TRAINING_ATTENTION = "suite_packed_sdpa"      # training's attention on packed rows (train.build_models)
+TRAINING_ATTENTION = "suite_packed_sdpa"      # training's attention on packed rows (train.make_plan)
 
 
 def packed_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
@@ -594,67 +538,6 @@ def use_training_attention(model):
     return model
 
 
-def rotate_half_rope(x, cos, sin, backward=False):
-    """Rotary position embedding in transformers' rotate-half form, x * cos + rotate_half(x) * sin (x (B, H, T, d),
-    cos and sin (B, T, d)), in plain torch; backward=True applies its transpose (the gradient with respect
-    to x). The reference of the Triton kernel below."""
-    c, s = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
-    x1, x2 = x.float().chunk(2, dim=-1)
-    c1, c2 = c.chunk(2, dim=-1)
-    s1, s2 = s.chunk(2, dim=-1)
-    if backward:
-        out = torch.cat((x1 * c1 + x2 * s2, x2 * c2 - x1 * s1), dim=-1)
-    else:
-        out = torch.cat((x1 * c1 - x2 * s1, x2 * c2 + x1 * s2), dim=-1)
-    return out.to(x.dtype)
-
-
-if triton is not None:
-    @triton.jit
-    def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, T, x_b, x_h, x_t, c_b, c_t, o_b, o_h, o_t,
-                     HALF: tl.constexpr, BLOCK_T: tl.constexpr, BACKWARD: tl.constexpr):
-        """One (row, head) and BLOCK_T positions: both halves of each vector, in fp32, rounded once."""
-        bh, tb = tl.program_id(0), tl.program_id(1)
-        b, h = bh // H, bh % H
-        t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
-        d = tl.arange(0, HALF)
-        keep = t[:, None] < T
-        x = x_ptr + b * x_b + h * x_h + t[:, None] * x_t + d[None, :]
-        c = cos_ptr + b * c_b + t[:, None] * c_t + d[None, :]
-        s = sin_ptr + b * c_b + t[:, None] * c_t + d[None, :]
-        x1, x2 = tl.load(x, mask=keep).to(tl.float32), tl.load(x + HALF, mask=keep).to(tl.float32)
-        c1, c2 = tl.load(c, mask=keep).to(tl.float32), tl.load(c + HALF, mask=keep).to(tl.float32)
-        s1, s2 = tl.load(s, mask=keep).to(tl.float32), tl.load(s + HALF, mask=keep).to(tl.float32)
-        if BACKWARD:
-            o1, o2 = x1 * c1 + x2 * s2, x2 * c2 - x1 * s1
-        else:
-            o1, o2 = x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
-        o = out_ptr + b * o_b + h * o_h + t[:, None] * o_t + d[None, :]
-        tl.store(o, o1.to(out_ptr.dtype.element_ty), mask=keep)
-        tl.store(o + HALF, o2.to(out_ptr.dtype.element_ty), mask=keep)
-
-
-def _rope_launch(x, cos, sin, backward):
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    B, H, T, d = x.shape
-    out = torch.empty((B, T, H, d), dtype=x.dtype, device=x.device).transpose(1, 2)    # as q_proj(...).transpose
-    cos, sin = cos.expand(B, T, d), sin.expand(B, T, d)
-    _rope_kernel[(B * H, triton.cdiv(T, 32))](x, cos, sin, out, H, T, *x.stride()[:3], cos.stride(0), cos.stride(1),
-                                              *out.stride()[:3], HALF=d // 2, BLOCK_T=32, BACKWARD=backward)
-    return out
-
-
-class _FusedRope(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, cos, sin):
-        ctx.save_for_backward(cos, sin)
-        return _rope_launch(x, cos, sin, False)
-
-    @staticmethod
-    def backward(ctx, grad):
-        cos, sin = ctx.saved_tensors
-        return _rope_launch(grad, cos, sin, True), None, None
 
 
 def _fused_apply_rotary_pos_emb(original, q, k, cos, sin, *args, **kwargs):
@@ -666,7 +549,7 @@ def _fused_apply_rotary_pos_emb(original, q, k, cos, sin, *args, **kwargs):
             or d < 32 or k.shape[-1] != d or cos.shape[-1] != d or cos.dim() != 3 or q.dim() != 4 or k.dim() != 4
             or cos.stride(-1) != 1 or sin.stride() != cos.stride()):
         return original(q, k, cos, sin, *args, **kwargs)
-    return _FusedRope.apply(q, cos, sin), _FusedRope.apply(k, cos, sin)
+    return fused_rope(q, cos, sin), fused_rope(k, cos, sin)
 
 
 @contextlib.contextmanager
@@ -728,7 +611,7 @@ def packable(config):
 def packed_attention_mask(segments, dtype):
     """The additive (R, 1, L, L) mask of packed rows: a position sees the earlier positions of its own
     sequence (segments equal and >= 0); padding sees only itself, so that no row of the softmax is empty
-    (an empty row gave NaN gradients under SDPA; see train.build_models)."""
+    (an empty row gave NaN gradients under SDPA; see train.make_plan)."""
     L = segments.shape[1]
     causal = torch.ones(L, L, dtype=torch.bool, device=segments.device).tril()
     same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, :, None] >= 0)
@@ -759,7 +642,7 @@ class GraphedForward:
     is captured the second time and replayed after that. Graphs share one memory pool for their
     transient tensors and write their logits into a buffer outside it (grown when a shape needs more), so
     the pool holds one pass's worth; after `max_graphs` captures new shapes run eagerly. The logits
-    returned belong to the graphs until the next replay: the caller copies them first (forward_views
+    returned belong to the graphs until the next replay: the caller copies them first (Layout.forward
     does). A capture that fails (an op that syncs with the host, in some model's code) is reported once,
     and the model runs eagerly from then on."""
     KEYS = ("input_ids", "position_ids", "segments", "keep")
@@ -809,57 +692,80 @@ class GraphedForward:
         return logits
 
 
-def forward_views(model, seqs_by_view, pad_id, scheme, device, hidden_layer=None, min_k=0, shape=None, pack=None,
-                  graphs=None):
-    """One forward over all views concatenated (one big batch is faster than one pass per view).
-    Returns {view: {"logits" (B, K, V) fp32 predicting the labels, "own_logits" (B, K, V) at the labels'
-    own positions, "labels", "weights", "answer_mask"[, "hidden" (B, K, d) at the labels' own positions]}},
-    the (N, K + 1, V) logits they are slices of, and the number of real tokens processed.
-    `shape`: the (B, T, K) of a compiled model: every view is filled up to B rows with copies of its first
-    sequence (their outputs are dropped: the last, smaller step of an epoch must not compile a new graph)
-    and collated to (T, K); T and K None keep the batch's own lengths (compiled blocks, dynamic shapes),
-    rounded up to a multiple of 8 (BENCHMARKS.md: unaligned lengths ran attention on slow bmm kernels).
-    `pack`: the compute dtype to pack the sequences into rows in (data.pack; the mask is made in it), in
-    place of left padding: the same logits, fewer padded positions (`shape` then fills no rows, but keeps
-    two rows at least). Only for a model that model.packable allows. `graphs`: a GraphedForward that runs
-    the packed rows' pass in place of packed_logits (a frozen model on a GPU)."""
-    if graphs is not None and hidden_layer is not None:
-        raise ValueError("forward_views: a graph replay runs no hook, so it cannot return hidden states")
-    names = list(seqs_by_view)
-    rows_per_view = {n: shape[0] if shape and not pack else len(seqs_by_view[n]) for n in names}
-    flat = [s for n in names for s in seqs_by_view[n] + seqs_by_view[n][:1] * (rows_per_view[n] - len(seqs_by_view[n]))]
-    captured, handles = {}, []
-    if hidden_layer is not None:
-        def hook(module, args, output):
-            captured["h"] = output[0] if isinstance(output, tuple) else output
-        handles.append(hidden_layer.register_forward_hook(hook))
-    try:
-        if pack:
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How the sequences of a forward pass become the model's rows, decided once (train.plan) so that the
+    training step only calls forward(). Left padding by default; `pack`: the compute dtype to pack the
+    sequences into rows in (data.pack; the block-diagonal mask is made in it): the same logits, fewer
+    padded positions, only for a model that model.packable allows. `fill_rows`: a compiled model's rows:
+    every view filled up to that many rows with copies of its first sequence (their outputs are dropped:
+    the epoch's smaller last step must not compile a new graph); packed, it fills no rows but keeps two
+    rows at least (a compiled block specialises on one). `lengths`: the (T, K) every batch is padded to for
+    a whole model compiled for one shape (CUDA graphs); without it lengths are the batch's own, rounded up
+    to a multiple of 8 (BENCHMARKS.md: unaligned lengths ran attention on slow bmm kernels). `graphs`: a
+    GraphedForward that runs the packed rows' pass in place of packed_logits (a frozen model on a GPU).
+    `graph_step`: each pass starts a new step of the compiled model's CUDA graphs (its previous outputs
+    are done with)."""
+    pad_id: int
+    device: torch.device
+    pack: torch.dtype | None = None
+    fill_rows: int | None = None
+    lengths: tuple | None = None
+    graphs: "GraphedForward | None" = None
+    graph_step: bool = False
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def forward(self, model, seqs_by_view, scheme, hidden_layer=None, min_k=0):
+        """One forward over all views concatenated (one big batch is faster than one pass per view).
+        Returns {view: {"logits" (B, K, V) fp32 predicting the labels, "own_logits" (B, K, V) at the labels'
+        own positions, "labels", "weights", "answer_mask"[, "hidden" (B, K, d) at the labels' own positions
+        (the output of `hidden_layer`)]}}, the (N, K + 1, V) logits they are slices of, and the number of
+        real tokens processed. `min_k`: at least this many supervised positions (K), so that a frozen
+        model's outputs line up with the policy's."""
+        if self.graphs is not None and hidden_layer is not None:
+            raise ValueError("Layout.forward: a graph replay runs no hook, so it cannot return hidden states")
+        if self.graph_step:
+            torch.compiler.cudagraph_mark_step_begin()      # the previous pass's graph outputs are done
+        names = list(seqs_by_view)
+        rows_per_view = {n: self.fill_rows if self.fill_rows and not self.pack else len(seqs_by_view[n]) for n in names}
+        flat = [s for n in names for s in seqs_by_view[n] + seqs_by_view[n][:1] * (rows_per_view[n] - len(seqs_by_view[n]))]
+        captured, handles = {}, []
+        if hidden_layer is not None:
+            def hook(module, args, output):
+                captured["h"] = output[0] if isinstance(output, tuple) else output
+            handles.append(hidden_layer.register_forward_hook(hook))
+        try:
+            batch, logits = self.logits(model, flat, scheme, min_k)
+        finally:
+            for handle in handles:
+                handle.remove()
+        K = batch["labels"].shape[1]
+        # (N, K + 1, V) in fp32, a copy of a graph's output (which its next replay overwrites)
+        logits = logits.clone() if self.graphs and logits.dtype == torch.float32 else logits.float()
+        if "h" in captured:                                                  # (N, K, d) at the labels' own positions
+            hidden = captured["h"].flatten(0, 1)[batch["keep"][:, -K:]] if self.pack else captured["h"][:, -K:]
+        out, start = {}, 0
+        for name in names:
+            rows = slice(start, start + len(seqs_by_view[name]))
+            view = {"logits": logits[rows, :-1], "own_logits": logits[rows, 1:], "labels": batch["labels"][rows],
+                    "weights": batch["weights"][rows], "answer_mask": batch["answer_mask"][rows]}
+            if "h" in captured:
+                view["hidden"] = hidden[rows].float()
+            out[name] = view
+            start += rows_per_view[name]
+        return out, logits, sum(len(s["ids"]) for seqs in seqs_by_view.values() for s in seqs)
+
+    def logits(self, model, flat, scheme, min_k):
+        """The batch on the device and the logits at its kept positions (N, K + 1, V), in the model's dtype."""
+        if self.pack:
             # Under graphs the kept positions rounded up to a multiple of 8 (fewer shapes to capture)
-            packed = data.pack(flat, pad_id, scheme, min_k, multiple=8, min_rows=2 if shape else 1,
-                               keep_multiple=8 if graphs else 1)
-            batch = {k: to_device(v, device) for k, v in packed.items()}
-            logits = (graphs or packed_logits)(model, batch, pack)[:, -(packed["labels"].shape[1] + 1):]
-        else:
-            fixed = shape[1:] if shape and shape[1] is not None else None
-            batch = {k: to_device(v, device) for k, v in data.collate(flat, pad_id, scheme, min_k, fixed, multiple=8).items()}
-            logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False,
-                           attention_mask=batch["attention_mask"], logits_to_keep=batch["labels"].shape[1] + 1).logits
-    finally:
-        for handle in handles:
-            handle.remove()
-    K = batch["labels"].shape[1]
-    # (N, K + 1, V) in fp32, a copy of a graph's output (which its next replay overwrites)
-    logits = logits.clone() if graphs and logits.dtype == torch.float32 else logits.float()
-    if "h" in captured:                                                      # (N, K, d) at the labels' own positions
-        hidden = captured["h"].flatten(0, 1)[batch["keep"][:, -K:]] if pack else captured["h"][:, -K:]
-    out, start = {}, 0
-    for name in names:
-        rows = slice(start, start + len(seqs_by_view[name]))
-        view = {"logits": logits[rows, :-1], "own_logits": logits[rows, 1:], "labels": batch["labels"][rows],
-                "weights": batch["weights"][rows], "answer_mask": batch["answer_mask"][rows]}
-        if "h" in captured:
-            view["hidden"] = hidden[rows].float()
-        out[name] = view
-        start += rows_per_view[name]
-    return out, logits, sum(len(s["ids"]) for seqs in seqs_by_view.values() for s in seqs)
+            packed = data.pack(flat, self.pad_id, scheme, min_k, multiple=8, min_rows=2 if self.fill_rows else 1,
+                               keep_multiple=8 if self.graphs else 1)
+            batch = {k: to_device(v, self.device) for k, v in packed.items()}
+            return batch, (self.graphs or packed_logits)(model, batch, self.pack)[:, -(packed["labels"].shape[1] + 1):]
+        collated = data.collate(flat, self.pad_id, scheme, min_k, self.lengths, multiple=8)
+        batch = {k: to_device(v, self.device) for k, v in collated.items()}
+        return batch, model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False,
+                            attention_mask=batch["attention_mask"], logits_to_keep=batch["labels"].shape[1] + 1).logits

@@ -26,6 +26,7 @@ import random
 import resource
 import shutil
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -35,8 +36,8 @@ from torch.profiler import record_function
 
 import data
 import losses
-from model import (GraphedForward, Progress, check_model, choose_precision, forward_views, fuse_rms_norms, fused_rotary,
-                   generate, load_model, model_family, packable, to_device, use_training_attention, with_parameters_in)
+from model import (GraphedForward, Layout, Progress, check_model, choose_precision, fuse_rms_norms, fused_rotary, generate,
+                   load_config, load_model, model_family, packable, to_device, use_training_attention, with_parameters_in)
 from profiler import StepProfiler
 
 # Refusals the paper found for its models (appendix B.1, tab:refusal_responses), without the prefix.
@@ -247,6 +248,17 @@ def row_groups(sizes, views, rows_per_view, device):
     return to_device(one_view.repeat(views), device)
 
 
+def split_passes(micro_batches, seqs, per_pass):
+    """A step's forward passes: `per_pass` consecutive loss micro-batches each, with their sequences
+    ({view: [sequence]}, in the micro-batches' order), and whether the pass is the step's last."""
+    passes = [micro_batches[j:j + per_pass] for j in range(0, len(micro_batches), per_pass)]
+    row = 0
+    for i, groups in enumerate(passes):
+        rows = sum(len(indices) for indices, _ in groups)
+        yield groups, {name: view[row:row + rows] for name, view in seqs.items()}, i == len(passes) - 1
+        row += rows
+
+
 def split_rows(out, sizes):
     """The loss micro-batches of one forward pass: `out` ({view: {name: rows-first tensor}}) cut into
     consecutive row blocks of `sizes`."""
@@ -376,7 +388,7 @@ def step_sequences(trainer, start):
     args = trainer.args
     dataset = StepSequences(trainer.trainset, trainer.spec["views"], trainer.needs_retain, trainer.steps_per_epoch,
                             args.global_batch, args.batch_size, trainer.rank, trainer.world)
-    worker = trainer.device.type == "cuda"
+    worker = trainer.plan["gpu"]                 # on a GPU (make_plan)
     if worker:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")    # the forked worker tokenizes alone
     return iter(torch.utils.data.DataLoader(dataset, batch_size=None, sampler=range(start, trainer.total),
@@ -395,390 +407,310 @@ def stages_for(args):
     return [(f"stage{i + 1}_{t}", [t]) for i, t in enumerate(topics)]
 
 
-class Trainer:
-    """Runs one stage (a topic, or several jointly) from a model folder to an exported folder, in named
-    parts: build_models, build_data and build_optimizer, prepare_loop (resume), train_loop (one
-    optimizer_step of forward_passes per step, checkpoints), export_stage."""
+# ----------------------------------------------------------------------------------------------
+# The plan: every speed decision, made once at start-up
 
-    def __init__(self, args, rank, world, device):
+def make_plan(args, device, world):
+    """Every acceleration of the run, decided once from the flags, the hardware and the model's config, as
+    a plain dict (describe_plan prints it as one line). The step applies it through two seams, the
+    layouts (model.Layout: how a pass's sequences become rows) and the gradient owner (Updates: how
+    backward and the update run), and never asks which mode it is in. Each choice is measured in
+    BENCHMARKS.md and tested to give the computation without it."""
+    spec, cuda = losses.METHODS[args.method], device.type == "cuda"
+    bf16 = choose_precision(args.precision, device)[0] == "bf16"
+    # Several sequences per row (data.pack) where every layer is full attention, except under fixed-shape CUDA graphs.
+    pack = args.packing and args.compile != "graphs" and packable(load_config(args.model, args.trust_remote_code))
+    # Attention. Left-padded rows run eager attention: with SDPA every method got NaN gradients at the same
+    # batch on an H100, most likely CUDA SDPA's backward on the rows with no key to attend to; eager
+    # attention masks with a finite minimum, and the runs that used it passed that batch. Packed rows have
+    # no such row, and run SDPA on its memory-efficient kernel (model.packed_sdpa_attention).
+    # Fused kernels (RMSNorm; rotary on a GPU) in eager mode only: under --compile inductor fuses
+    # transformers' ops itself (a CPU test compiled them in 87 s, the fused kernels in 143 s).
+    return {"bf16": bf16, "compute_copy": bf16 and world == 1,     # under FSDP its mixed precision computes in bf16
+            "pack": (torch.bfloat16 if bf16 else torch.float32) if pack else None,
+            "attention": "sdpa" if pack and args.attention == "sdpa" and not args.compile else "eager",
+            "fused": not args.compile, "compile": args.compile,
+            # the frozen model's packed passes replayed from CUDA graphs (model.GraphedForward); under
+            # --compile graphs it is compiled with the model, under --compile blocks its blocks are
+            "frozen": bool(spec["ref"]),
+            "ref_graphs": bool(spec["ref"]) and pack and cuda and not args.compile and args.reference_graphs,
+            "rows": args.physical_batch, "shrink": args.physical_auto and world == 1,
+            # on a GPU a worker process makes the batches, the statistics reach the host a step late and a
+            # non-finite gradient skips the update on the device: the host never waits for the GPU mid-run
+            "gpu": cuda, "world": world, "regather": args.fsdp_regather}
+
+
+def describe_plan(plan):
+    """The plan as the one line a run prints at start-up."""
+    compiled = {None: "eager", "blocks": "decoder blocks compiled",
+                "graphs": "whole model compiled, replayed as CUDA graphs"}[plan["compile"]]
+    frozen = ("no frozen model" if not plan["frozen"] else "frozen model replayed from CUDA graphs"
+              if plan["ref_graphs"] else "frozen model " + compiled.split(",")[0].replace("whole model ", ""))
+    parts = ["bf16 compute copy over fp32 masters" if plan["compute_copy"] else
+             "bf16 compute over fp32 masters (FSDP mixed precision)" if plan["bf16"] else "fp32",
+             (f"packed rows ({'sdpa mem-efficient' if plan['attention'] == 'sdpa' else 'eager'} attention)"
+              if plan["pack"] else "left-padded rows (eager attention)"),
+             f"{plan['rows']} rows per pass" + (" (halved if memory runs out)" if plan["shrink"] else ""),
+             compiled, frozen,
+             ("fused rmsnorm+rotary" if plan["gpu"] else "fused rmsnorm") if plan["fused"] else "no fused kernels",
+             ("data worker, statistics a step late, non-finite gradients skipped on the device" if plan["gpu"]
+              else "data in this process, non-finite gradients skipped on the host"),
+             (f"FSDP on {plan['world']} ranks, {BLOCKS_PER_GROUP} blocks a group, parameters "
+              + ("regathered for backward" if plan["regather"] else "kept gathered to backward"))
+             if plan["world"] > 1 else "FSDP off"]
+    return "plan: " + ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------
+# A stage's models, data and optimizer
+
+def build_models(args, plan, spec, hp, model_path, device, world):
+    """The stage's models, as the plan says: the fp32 master weights (optimizer, checkpoints, export;
+    FSDP-sharded under torchrun), the model that runs forward and backward (on one device with bf16 a bf16
+    copy of the masters, else the masters) and the frozen starting model where the loss reads its outputs
+    (else None); and the tokenizer and the model's config (for the export)."""
+    # Under FSDP a checkpoint loads on the CPU and each rank keeps its shard; random weights (seed 0,
+    # the same on every rank) are made on the GPU, where a 9B-shaped model initialises in seconds.
+    on_cpu = world > 1 and not str(model_path).startswith("random:")
+    model, tokenizer = load_model(model_path, torch.float32, "cpu" if on_cpu else device, args.trust_remote_code)
+    config = copy.deepcopy(model.config)
+    model.config.use_cache = False
+    if plan["attention"] == "sdpa":
+        use_training_attention(model)
+    else:
+        model.set_attn_implementation("eager")
+    if plan["fused"]:
+        fuse_rms_norms(model)                    # the copies below (frozen, bf16 compute) inherit it
+    ref = None
+    if spec["ref"]:
+        ref = with_parameters_in(copy.deepcopy(model).to(device), torch.bfloat16 if plan["bf16"] else torch.float32).eval()
+        ref.requires_grad_(False)
+    if spec.get("setup"):
+        spec["setup"](model, hp, args.seed)
+    if world > 1:
+        model = shard_model(model.to(device), device, plan["bf16"], plan["regather"])
+    compute = with_parameters_in(copy.deepcopy(model), torch.bfloat16) if plan["compute_copy"] else model
+    compute.train()
+    compile_models(plan["compile"], spec, compute, ref)
+    return model, compute, ref, tokenizer, config
+
+
+def compile_models(mode, spec, compute, ref):
+    """--compile blocks: each decoder block (dynamic shapes: every batch has its own length; the step
+    is otherwise bound by Python dispatch of ~100 small ops per block). --compile graphs: the whole
+    model for one fixed shape per batch size (Trainer.lengths), replayed as CUDA graphs forward and
+    backward; the frozen model too where it runs every step with per-token outputs."""
+    if mode == "blocks":
+        for m in [compute] + ([ref] if ref is not None else []):
+            for block in decoder_layers(m):
+                block.compile(dynamic=True)
+    elif mode == "graphs":
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        compute.compile(mode="reduce-overhead", dynamic=False)
+        if ref is not None and "logits" in spec["ref"].values():
+            ref.compile(mode="reduce-overhead", dynamic=False)
+
+
+def build_data(args, spec, tokenizer, topics, refusal, stage_index):
+    """The stage's forget/retain pairs, with the ablation flags of appendix C.1 (--no-pairing,
+    --exclude-retain, --no-prefix-mixing, --no-prefix-targets); relearning trains on --relearn-set alone.
+    --retain-scope seen: the retain rows of this stage's topics and of every stage's before it."""
+    relearn = spec.get("relearn", False)
+    seen = [t for _, topics_ in stages_for(args)[:stage_index + 1] for t in topics_] if args.retain_scope == "seen" else None
+    return data.PairedTrainSet(
+        tokenizer, topics, args.data_root, refusal=refusal, seed=args.seed,
+        context_refusals=spec.get("context_refusals", False), system=args.system_prompt,
+        forget_key=args.relearn_set if relearn else "forget_train", retain_key=None if relearn else "retain_train",
+        pairing=args.pairing, exclude=args.exclude_retain, prefix_mixing=args.prefix_mixing,
+        prefix_targets=args.prefix_targets, retain_topics=seen)
+
+
+def build_optimizer(model, lr, weight_decay, fused):
+    """AdamW; weight decay on weight matrices only, not on biases and normalisation weights (the
+    authors' trainer)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, fused=fused)
+
+
+# ----------------------------------------------------------------------------------------------
+# The training loop
+
+class Trainer:
+    """One stage (a topic, or several jointly), from a model folder to an exported one: run_stage builds
+    the models, data, optimizer and layouts, then `train` runs the optimizer steps (`step`: one of them)."""
+
+    def __init__(self, args, rank, world, device, plan=None):
         self.args, self.rank, self.world, self.device = args, rank, world, device
+        self.plan = plan or make_plan(args, device, world)
         self.spec = losses.METHODS[args.method]
-        self.ref_tokens = 0                              # tokens through the frozen model (benchmarks)
-        self.ref_graphs = None                           # its CUDA graphs (build_models)
-        self.skipped = 0                                 # updates skipped for a non-finite gradient
-        self.skipped_in_a_row = 0                        # ... since the last update applied
-        self.bf16 = choose_precision(args.precision, device)[0] == "bf16"   # bf16 compute, fp32 masters (build_models)
-        self.shape = None                        # under --compile: (rows per view, T, K), see prepare_loop
-        self.pack = None                         # the compute dtype where passes pack rows (build_models)
-        self.physical = args.physical_batch      # rows per forward pass (halved on running out of memory)
-        self.last_print = 0.0                    # when train_loop last printed a progress line
+        self.rows = args.physical_batch          # rows per forward pass (halved on running out of memory)
+        self.ref_tokens = 0                      # a step's tokens through the frozen model (benchmarks)
 
     def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta):
         """Train one stage; returns the exported folder (under --no-save, the starting model)."""
-        args = self.args
-        self.stage_index, self.stage_name, self.refusal, self.hp = stage_index, stage_name, refusal, dict(hp)
-        tokenizer, config = self.build_models(model_path)
-        self.pad_id = tokenizer.pad_token_id
-        self.trainset = self.build_data(tokenizer, topics, refusal)
-        self.needs_retain = not self.spec.get("relearn") and (self.spec["retain"] or self.hp["lambda_r"] > 0)
-        self.steps_per_epoch = math.ceil(len(self.trainset) / args.global_batch)
-        self.total = self.steps_per_epoch * args.epochs
-        if args.max_steps:
-            self.total = min(self.total, args.max_steps)
-        self.params, self.optimizer = self.build_optimizer(self.model, self.hp["lr"])
-        step, lambda_r = self.prepare_loop(resume_meta)
-        print0(f"[{stage_name}] {len(self.trainset)} pairs, {self.steps_per_epoch} steps per epoch of "
-               f"{args.global_batch} (loss micro-batches of {args.batch_size} x {self.world} process(es), "
-               f"{self.physical} rows per forward pass), {self.total} steps")
-        with fused_rotary(self.compute):             # rotary embeddings as one kernel on a GPU (model.py)
-            self.train_loop(step, lambda_r)
-        return self.export_stage(tokenizer, config)
-
-    # -- models, data and optimizer
-
-    def build_models(self, model_path):
-        """`self.model` holds the fp32 master weights (optimizer, checkpoints, export; FSDP-sharded under
-        torchrun); `self.compute` runs forward and backward: on one device with bf16 a bf16 copy whose
-        gradients are added into the masters' after every micro-batch and which is refreshed after every
-        step. `self.ref` is the frozen starting model where the loss reads its outputs. Returns the
-        tokenizer and the model's config (for the export)."""
-        args, device = self.args, self.device
-        # Under FSDP a checkpoint loads on the CPU and each rank keeps its shard; random weights (seed 0,
-        # the same on every rank) are made on the GPU, where a 9B-shaped model initialises in seconds.
-        on_cpu = self.world > 1 and not str(model_path).startswith("random:")
-        model, tokenizer = load_model(model_path, torch.float32, "cpu" if on_cpu else device, args.trust_remote_code)
-        config = copy.deepcopy(model.config)
-        model.config.use_cache = False
-        # Several sequences per row in training passes (data.pack), except for fixed-shape CUDA graphs.
-        self.pack = ((torch.bfloat16 if self.bf16 else torch.float32)
-                     if args.packing and args.compile != "graphs" and packable(config) else None)
-        # Attention. Left-padded rows run eager attention: with SDPA every method got NaN gradients at the same
-        # batch on an H100, most likely CUDA SDPA's backward on the rows with no key to attend to; eager
-        # attention masks with a finite minimum, and the runs that used it passed that batch. Packed rows have
-        # no such row, and run SDPA on its memory-efficient kernel (model.packed_sdpa_attention).
-        # Fused kernels in eager mode only: under --compile inductor fuses transformers' ops itself (a CPU
-        # test compiled them in 87 s, the fused kernels in 143 s).
-        if self.pack and args.attention == "sdpa" and not args.compile:
-            use_training_attention(model)
-        else:
-            model.set_attn_implementation("eager")
-        if not args.compile:
-            fuse_rms_norms(model)                    # the copies below (frozen, bf16 compute) inherit it
-        ref = None
-        if self.spec["ref"]:
-            ref = with_parameters_in(copy.deepcopy(model).to(device), torch.bfloat16 if self.bf16 else torch.float32).eval()
-            ref.requires_grad_(False)
-        # The frozen model's packed passes replayed from CUDA graphs on a GPU (model.GraphedForward); under
-        # --compile graphs it is compiled with them, under --compile blocks its blocks are.
-        self.ref_graphs = (GraphedForward() if ref is not None and self.pack and device.type == "cuda"
-                           and not args.compile and args.reference_graphs else None)
-        if self.spec.get("setup"):
-            self.spec["setup"](model, self.hp, args.seed)
-        if self.world > 1:
-            model = shard_model(model.to(device), device, self.bf16, args.fsdp_regather)
-        compute = with_parameters_in(copy.deepcopy(model), torch.bfloat16) if self.bf16 and self.world == 1 else model
-        compute.train()
-        self.model, self.compute, self.ref = model, compute, ref
-        self.compile_models()
-        return tokenizer, config
-
-    def compile_models(self):
-        """--compile blocks: each decoder block (dynamic shapes: every batch has its own length; the step
-        is otherwise bound by Python dispatch of ~100 small ops per block). --compile graphs: the whole
-        model for one fixed shape per batch size (see self.shape), replayed as CUDA graphs forward and
-        backward; the frozen model too where it runs every step with per-token outputs."""
-        compute, ref = self.compute, self.ref
-        if self.args.compile == "blocks":
-            for m in [compute] + ([ref] if ref is not None else []):
-                for block in decoder_layers(m):
-                    block.compile(dynamic=True)
-        elif self.args.compile == "graphs":
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            compute.compile(mode="reduce-overhead", dynamic=False)
-            if ref is not None and "logits" in self.spec["ref"].values():
-                ref.compile(mode="reduce-overhead", dynamic=False)
-
-    def build_data(self, tokenizer, topics, refusal):
-        """The stage's forget/retain pairs, with the ablation flags of appendix C.1 (--no-pairing,
-        --exclude-retain, --no-prefix-mixing, --no-prefix-targets); relearning trains on --relearn-set alone."""
         args, spec = self.args, self.spec
-        relearn = spec.get("relearn", False)
-        return data.PairedTrainSet(
-            tokenizer, topics, args.data_root, refusal=refusal, seed=args.seed,
-            context_refusals=spec.get("context_refusals", False), system=args.system_prompt,
-            forget_key=args.relearn_set if relearn else "forget_train", retain_key=None if relearn else "retain_train",
-            pairing=args.pairing, exclude=args.exclude_retain, prefix_mixing=args.prefix_mixing,
-            prefix_targets=args.prefix_targets, retain_topics=self.seen_topics() if args.retain_scope == "seen" else None)
-
-    def seen_topics(self):
-        """--retain-scope seen: the topics of this stage and every stage before it."""
-        return [t for _, topics in stages_for(self.args)[:self.stage_index + 1] for t in topics]
-
-    def build_optimizer(self, model, lr):
-        """AdamW; weight decay on weight matrices only, not on biases and normalisation weights (the
-        authors' trainer)."""
-        params = [p for p in model.parameters() if p.requires_grad]
-        groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": self.args.weight_decay},
-                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-        return params, torch.optim.AdamW(groups, lr=lr, fused=self.device.type == "cuda")
-
-    def prepare_loop(self, resume_meta):
-        """The fixed batch shape (--compile graphs), the hidden-layer hooks, the master/compute pairs and
-        the gradient buffers; the checkpoint's weights, optimizer state and step when this stage resumes.
-        Returns the first step and the retain factor lambda_r (a tensor: PDU updates it on the device)."""
-        args, device, spec = self.args, self.device, self.spec
+        self.stage_index, self.stage_name, self.refusal, self.hp = stage_index, stage_name, refusal, dict(hp)
+        self.model, self.compute, self.ref, tokenizer, config = build_models(
+            args, self.plan, spec, self.hp, model_path, self.device, self.world)
+        self.pad_id = tokenizer.pad_token_id
+        self.trainset = build_data(args, spec, tokenizer, topics, refusal, stage_index)
+        self.needs_retain = not spec.get("relearn") and (spec["retain"] or self.hp["lambda_r"] > 0)
+        self.steps_per_epoch = math.ceil(len(self.trainset) / args.global_batch)
+        self.total = min(self.steps_per_epoch * args.epochs, args.max_steps or math.inf)
+        self.optimizer = build_optimizer(self.model, self.hp["lr"], args.weight_decay, fused=self.plan["gpu"])
+        start, lambda_r = self.resume(resume_meta)
+        self.updates = Updates(self.model, self.compute, self.optimizer, self.plan)
+        layer = self.hp[spec["hidden"]] if spec.get("hidden") else None      # RMU's hooked layer
+        self.hooks = ((decoder_layers(self.compute)[layer], decoder_layers(self.ref)[layer]) if layer is not None
+                      else (None, None))
+        self.lengths = None
         if args.compile == "graphs":
             # Every batch padded to the stage's longest sequence and answer span, so each compiled model
             # sees one shape per batch size and compiles once.
-            self.shape = (self.physical, *self.trainset.longest(spec["views"], self.needs_retain, args.epochs))
-            print0(f"--compile graphs: every view padded to (rows, T, K) = {self.shape}")
-        elif args.compile == "blocks":
-            # Every view filled to the micro-batch's rows, lengths left to each batch: the epoch's short step
-            # then runs at the batch size the blocks compiled for (at its own, 1 or 2 rows, its first run took
-            # 13 s on one H100 and 42 s per rank under FSDP on two: BENCHMARKS.md at 7d13905).
-            self.shape = (self.physical, None, None)
-        layer_key = spec.get("hidden")
-        self.hooks = ((decoder_layers(self.compute)[self.hp[layer_key]], decoder_layers(self.ref)[self.hp[layer_key]])
-                      if layer_key else (None, None))
-        step, lambda_r = 0, torch.tensor(float(self.hp["lambda_r"]), device=device)
-        self.shadow = ([(m, c) for m, c in zip(self.model.parameters(), self.compute.parameters()) if m.requires_grad]
-                       if self.compute is not self.model else [])
-        if resume_meta and resume_meta["stage"] == self.stage_index:
-            load_checkpoint(args.out, self.model, self.optimizer)
-            step, lambda_r = resume_meta["step"], torch.tensor(resume_meta["lambda_r"], device=device)
-            print0(f"resumed {self.stage_name} at step {step}/{self.total}")
-        copy_masters(self.shadow)
-        # Gradients live in preallocated buffers that backward adds into: the masters' (after loading:
-        # DCP leaves an optimizer without state alone when grads exist), and under CUDA graphs without a
-        # bf16 copy the model's own, since a graph's output cannot be kept as .grad across micro-batches.
-        self.kept_grads = [m for m, _ in self.shadow] or (self.params if args.compile == "graphs" else [])
-        for m in self.kept_grads:
-            m.grad = torch.zeros_like(m)
-        return step, lambda_r
+            self.lengths = self.trainset.longest(spec["views"], self.needs_retain, args.epochs)
+            print0(f"--compile graphs: every view padded to (rows, T, K) = {(self.rows, *self.lengths)}")
+        self.build_layouts()
+        print0(f"[{stage_name}] {len(self.trainset)} pairs, {self.steps_per_epoch} steps per epoch of "
+               f"{args.global_batch} (loss micro-batches of {args.batch_size} x {self.world} process(es), "
+               f"{self.rows} rows per forward pass), {self.total} steps")
+        with fused_rotary(self.compute):             # rotary embeddings as one kernel on a GPU (model.py)
+            self.train(start, lambda_r)
+        return self.export_stage(tokenizer, config)
 
-    # -- the loop
+    def resume(self, meta):
+        """The step to start from and the retain factor lambda_r (a tensor: PDU updates it on the device):
+        the checkpoint's, with its weights and optimizer state, when this stage resumes."""
+        if meta and meta["stage"] == self.stage_index:
+            load_checkpoint(self.args.out, self.model, self.optimizer)
+            print0(f"resumed {self.stage_name} at step {meta['step']}/{self.total}")
+            return meta["step"], torch.tensor(meta["lambda_r"], device=self.device)
+        return 0, torch.tensor(float(self.hp["lambda_r"]), device=self.device)
 
-    def train_loop(self, step, lambda_r):
-        """Optimizer steps from `step` to the stage's end: the learning rate, the step, its log.jsonl line
-        and a progress line every --print-every seconds (log_step, one step later), a checkpoint every
-        --save-minutes."""
-        args = self.args
-        if self.rank == 0:
-            truncate_log(Path(args.out) / "log.jsonl", self.stage_name, step)
-        log = open(Path(args.out) / "log.jsonl", "a") if self.rank == 0 else None
-        t0, tokens_seen, last_save, start_step = time.time(), 0, time.time(), step
-        profiler, redo_from = None, None
-        batches = step_sequences(self, step)
-        if args.profile_steps:
-            profiler = StepProfiler(self, step)
-        pending = None                      # the last step's log line, its statistics still on the way (StepReport)
-        while step < self.total:
+    def build_layouts(self):
+        """The model's layout and the frozen model's, one per output it returns (the plan's; made again when
+        the rows per pass shrink). Compiled blocks or graphs: every view filled to the pass's rows, so that
+        the epoch's short step runs at the batch size they compiled for (at its own, 1 or 2 rows, its first
+        run took 13 s on one H100 and 42 s per rank under FSDP on two: BENCHMARKS.md at 7d13905)."""
+        fill, graphs = self.rows if self.args.compile else None, self.args.compile == "graphs"
+        self.layout = Layout(self.pad_id, self.device, self.plan["pack"], fill, self.lengths, graph_step=graphs)
+        self.ref_graphs = GraphedForward() if self.plan["ref_graphs"] else None
+        frozen = self.layout.replace(graph_step=False)
+        # Under --compile graphs sequence scores run eagerly at the batch's own shape: the whole frozen model
+        # is compiled only where it returns per-token outputs. A graph replay runs no hook (hidden states).
+        scores = frozen.replace(fill_rows=None, lengths=None) if graphs else frozen
+        self.frozen = {"logits": frozen.replace(graphs=self.ref_graphs), "hidden": frozen,
+                       "seq_logprob": scores.replace(graphs=self.ref_graphs)}
+
+    def train(self, start, lambda_r):
+        """Optimizer steps from `start` to the stage's end, as nanoGPT's loop: the learning rate, this rank's
+        loss micro-batches, the step, its log line (one step late: StepLog), a checkpoint every --save-minutes."""
+        self.log = StepLog(self, start)
+        batches = step_sequences(self, start)
+        for step in range(start, self.total):
             epoch = step // self.steps_per_epoch
-            lr = lr_at(step, self.total, self.steps_per_epoch, self.hp["lr"], args.lr_schedule)
+            lr = lr_at(step, self.total, self.steps_per_epoch, self.hp["lr"], self.args.lr_schedule)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            if profiler:
-                profiler.begin(step)
-            t_step, ref_before = redo_from or time.time(), self.ref_tokens     # a redone step keeps its start
-            if not redo_from:                               # a redone step keeps its batch
-                with record_function("train::data"):
-                    micro_batches, seqs = next(batches)
-            try:
-                report, lambda_r, step_tokens = self.optimizer_step(micro_batches, seqs, epoch, lambda_r, last_save)
-            except torch.OutOfMemoryError:
-                if not self.can_shrink():
-                    raise
-                out_of_memory = True
-            else:
-                out_of_memory = False
-            if out_of_memory:                               # outside the handler: its frames hold the pass's tensors
-                self.shrink_physical()
-                redo_from = t_step
-                continue
-            redo_from = None
-            step += 1
-            tokens_seen += step_tokens
-            record = {"stage": self.stage_name, "step": step, "epoch": epoch, "lr": lr,
-                      "step_time": time.time() - t_step, "time": time.time(), "tokens_per_s": tokens_seen / (time.time() - t0),
-                      "tokens": step_tokens, "ref_tokens": self.ref_tokens - ref_before, "physical_batch": self.physical,
-                      "peak_mem_gb": peak_memory_gb(self.device)}
-            if self.ref_graphs:                          # the frozen model's passes so far: captured, replayed
-                record["ref_graphs"] = [self.ref_graphs.captures, self.ref_graphs.replays]
-            if profiler and step - 1 in profiler.window:
-                record["profiled"] = True                # bench.py leaves these steps out of its means
-            # The previous step's line: its statistics reached the host while this step was launched.
-            due = self.log_step(*pending, log, start_step, t0) if pending else False
-            pending = (record, report)
-            if profiler:
-                t0 += profiler.end(step - 1)              # its post-processing is not training time
-            if step < self.total and due:
-                self.log_step(*pending, log, start_step, t0)   # a checkpoint comes after its step's line
-                pending = None
-                self.checkpoint(step, lambda_r.item())
-                last_save = time.time()
-        if pending:
-            self.log_step(*pending, log, start_step, t0)
-        if log:
-            log.close()
+            self.log.begin(step)
+            with record_function("train::data"):
+                micro_batches, seqs = next(batches)
+            report, lambda_r, tokens = self.step_with_retry(micro_batches, seqs, epoch, lambda_r)
+            if self.log.end(step + 1, epoch, lr, report, tokens):          # --save-minutes have passed
+                self.checkpoint(step + 1, lambda_r.item())
+                self.log.last_save = time.time()
+        self.log.close()
 
-    def log_step(self, record, report, log, start_step, t0):
-        """A step's log.jsonl line and progress line, once its statistics are on the host; the count of
-        updates skipped for a non-finite gradient norm (every rank sees the same global norm, and stops
-        after MAX_SKIPPED_IN_A_ROW). Returns whether a checkpoint is due (the same on every rank)."""
-        args, step = self.args, record["step"]
-        launched = time.perf_counter()
-        host = report.values()
-        sync_wait = time.perf_counter() - launched         # ~0: the host, not the device, bounds the run
-        grad_norm, due = host.pop("grad_norm"), host.pop("due") > 0
-        if math.isfinite(grad_norm):
-            self.skipped_in_a_row = 0
-        else:                                               # the update was skipped (optimizer_step)
-            self.skipped += 1
-            self.skipped_in_a_row += 1
-            print0(f"[{self.stage_name}] step {step}: non-finite gradient norm, update skipped ({self.skipped} so far)")
-        record.update(grad_norm=grad_norm, skipped_updates=self.skipped, sync_wait=sync_wait, **host)
-        if log:
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-        if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
-            raise RuntimeError(f"[{self.stage_name}] step {step}: {self.skipped_in_a_row} updates in a row "
-                               "skipped for a non-finite gradient norm; the run is not training (stopped)")
-        if self.rank == 0 and (time.time() - self.last_print > args.print_every or step == self.total):
-            self.last_print = time.time()
-            eta = (time.time() - t0) / (step - start_step) * (self.total - step)
-            shown = " ".join(f"{k} {v:.4g}" for k, v in host.items())
-            print0(f"[{self.stage_name}] step {step}/{self.total} ep {record['epoch'] + 1} lr {record['lr']:.2e} {shown} "
-                   f"gnorm {grad_norm:.3g} {record['tokens_per_s']:.0f} tok/s eta {eta / 60:.1f} min")
-        return due
-
-    def can_shrink(self):
-        """Halving the pass helps only under --physical-batch auto, on one process (under FSDP one rank
-        alone would change its passes and its collectives), above one loss micro-batch."""
-        return self.args.physical_auto and self.world == 1 and self.physical > self.args.batch_size
-
-    def shrink_physical(self):
-        """After running out of memory: halve the rows per forward pass (whole loss micro-batches) and the
-        step redone from clean gradients (the failed step changed nothing else: lambda_r is the loop's)."""
-        batch_size = self.args.batch_size
-        self.physical = max(batch_size, self.physical // 2 // batch_size * batch_size)
-        if self.shape:
-            self.shape = (self.physical, *self.shape[1:])
-        if self.ref_graphs:
-            self.ref_graphs = GraphedForward()           # their memory back; shapes change with the pass
-        if self.shadow:
-            self.compute.zero_grad(set_to_none=True)
-        for m in self.kept_grads:
-            m.grad.zero_()
-        if not self.kept_grads:
-            self.model.zero_grad(set_to_none=True)
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        print0(f"[{self.stage_name}] out of memory: {self.physical} rows per forward pass from now on")
-
-    def optimizer_step(self, micro_batches, seqs, epoch, lambda_r, last_save):
-        """One optimizer step: this rank's loss micro-batches and their sequences (StepSequences),
-        --physical-batch rows per forward pass (backward weighted by their shares, gradients accumulated in
-        the masters), clipping, the update unless the gradient norm is not finite. Returns a StepReport
-        (the statistics averaged over ranks, lambda_r, the gradient norm, and whether a checkpoint is due:
-        --save-minutes since `last_save`), lambda_r and the number of tokens."""
-        args, device, compute = self.args, self.device, self.compute
-        step_tokens, stats_acc, row = 0, collections.defaultdict(float), 0
-        per_pass = self.physical // args.batch_size
-        passes = [micro_batches[j:j + per_pass] for j in range(0, len(micro_batches), per_pass)]
-        for i, groups in enumerate(passes):
+    def step(self, micro_batches, seqs, epoch, lambda_r):
+        """One optimizer step over this rank's loss micro-batches ([(pair indices, weight)]) and their
+        sequences ({view: [sequence]}): forward passes of --physical-batch rows with the frozen model's
+        outputs where the loss reads them, then each micro-batch's own loss, as if it had its own pass (its
+        means, its alpha of eq. 4, its lambda_r: a dual variable moves after every micro-batch); one backward
+        a pass; clipping; the update. Returns the step's statistics (StepReport), lambda_r and its tokens."""
+        spec, hp, stats, tokens = self.spec, self.hp, collections.defaultdict(float), 0
+        for groups, pass_seqs, last in split_passes(micro_batches, seqs, self.rows // self.args.batch_size):
             if self.world > 1:
-                fsdp_accumulate(self.model, last=i == len(passes) - 1)
-            rows = sum(len(indices) for indices, _ in groups)
-            pass_seqs = {name: view[row:row + rows] for name, view in seqs.items()}
-            row += rows
+                fsdp_accumulate(self.model, last)       # gradients stay unsharded until the step's last pass
             with record_function("train::forward"):
-                loss, group_stats, ntok, lambda_r = self.forward_pass(groups, pass_seqs, epoch, lambda_r)
+                out, logits, n = self.layout.forward(self.compute, pass_seqs, spec["weights"], self.hooks[0])
+                with record_function("train::reference"):
+                    for view, kind in spec["ref"].items():
+                        out["ref_" + view] = self.reference(view, kind, pass_seqs, logits.shape[1] - 1)
+                L_f, L_r, lambdas, diagnostics = [], [], [], []
+                for part in split_rows(out, [len(indices) for indices, _ in groups]):     # a loss micro-batch
+                    loss_f, loss_r, part_stats = spec["fn"](part, {**hp, "lambda_r": lambda_r})
+                    L_f.append(loss_f.mean())
+                    L_r.append(loss_r.mean() if loss_r is not None else torch.zeros((), device=loss_f.device))
+                    diagnostics.append(part_stats)
+                    lambdas.append(lambda_r)
+                    if spec.get("dual"):
+                        lambda_r = spec["dual"](lambda_r, global_mean(part_stats, self.device), hp, epoch)
+                loss, diagnostics = self.pass_loss(L_f, L_r, lambdas, diagnostics, groups, logits, len(pass_seqs))
+                del out, logits, part           # the pass's logits freed as backward frees its graph (peak memory)
             with record_function("train::backward"):
-                loss.backward()
-            if self.shadow:
-                used = [(m, c) for m, c in self.shadow if c.grad is not None]
-                torch._foreach_add_([m.grad for m, _ in used], [c.grad for _, c in used])
-                compute.zero_grad(set_to_none=True)
-            step_tokens += ntok
-            for stats, (_, weight) in zip(group_stats, groups):
-                for k, v in stats.items():
-                    stats_acc[k] = stats_acc[k] + v * weight
+                self.updates.backward(loss)
+            tokens += n
+            for part_stats, (_, weight) in zip(diagnostics, groups):
+                for k, v in part_stats.items():
+                    stats[k] = stats[k] + v * weight
         with record_function("train::clip"):
-            grad_norm = clip_grad_norm(self.params, args.clip)
-        # The statistics leave for the host behind the step's kernels and are read after the next step is
-        # launched (log_step), so that the host never waits for the device. The checkpoint clock travels
-        # with them, so that every rank decides to save at the same step.
-        due = args.save_minutes > 0 and time.time() - last_save >= 60 * args.save_minutes
-        synced = global_mean({**stats_acc, "due": float(due)}, device)
-        report = StepReport([*synced, "lambda_r", "grad_norm"], torch.stack(
-            [to_device(torch.as_tensor(v, dtype=torch.float32), device) for v in synced.values()]
-            + [lambda_r.float(), grad_norm.float().to(device)]))
-        # Never let one bad batch poison the weights: no update where the gradient norm is not finite.
-        if device.type == "cuda":                   # decided on the device: fused AdamW skips where found_inf is 1
-            self.optimizer.found_inf = (~torch.isfinite(grad_norm)).float()
-            self.optimizer.step()
-        elif math.isfinite(grad_norm.item()):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=not self.kept_grads)
-        copy_masters(self.shadow)
-        return report, lambda_r, step_tokens
+            grad_norm = clip_grad_norm(self.updates.params, self.args.clip)
+        report = self.log.statistics(stats, lambda_r, grad_norm)        # on their way to the host
+        self.updates.step(grad_norm)                                     # skipped where the norm is not finite
+        return report, lambda_r, tokens
 
-    def forward_pass(self, groups, seqs, epoch, lambda_r):
-        """One forward pass over the loss micro-batches `groups` ([(pair indices, weight)]) and their
-        sequences `seqs` ({view: [sequence]}, in the groups' order): every view of
-        every micro-batch through the model at once, the frozen model's outputs where the loss reads them;
-        then each micro-batch's own loss, as if it had its own pass: its means, its alpha (eq. 4), its
-        lambda_r (a dual variable moves after every micro-batch), lambda_f * alpha * L_f + lambda_r * L_r.
-        Returns the weighted sum of their losses (one backward), their statistics, the number of tokens and
-        the updated lambda_r."""
-        spec, hp = self.spec, self.hp
-        if self.args.compile == "graphs":
-            torch.compiler.cudagraph_mark_step_begin()      # the previous pass's graph outputs are done
-        sizes = [len(indices) for indices, _ in groups]
-        out, logits, ntok = forward_views(self.compute, seqs, self.pad_id, spec["weights"], self.device,
-                                          self.hooks[0], shape=self.shape, pack=self.pack)
-        with record_function("train::reference"):
-            for view, kind in spec["ref"].items():
-                out["ref_" + view] = self.reference(view, kind, seqs, logits.shape[1] - 1)
-        L_f, L_r, stats, lambdas = [], [], [], []
-        for part in split_rows(out, sizes):
-            loss_f, loss_r, part_stats = spec["fn"](part, {**hp, "lambda_r": lambda_r})
-            L_f.append(loss_f.mean())
-            L_r.append(loss_r.mean() if loss_r is not None else torch.zeros((), device=loss_f.device))
-            stats.append(part_stats)
-            lambdas.append(lambda_r)
-            if spec.get("dual"):
-                lambda_r = spec["dual"](lambda_r, global_mean(part_stats, self.device), hp, epoch)
+    def pass_loss(self, L_f, L_r, lambdas, diagnostics, groups, logits, views):
+        """One pass's loss for its backward: each loss micro-batch g's lambda_f alpha_g L_f,g + lambda_r,g L_r,g
+        (alpha: eq. 4 where the method balances, else 1) weighted by its share of the rank's pairs, summed;
+        and each micro-batch's statistics. L_f, L_r, lambdas: a 0-dim tensor per micro-batch."""
         L_f, L_r, lambdas = torch.stack(L_f), torch.stack(L_r), torch.stack(lambdas)
         alpha = torch.ones_like(L_f)
-        if spec.get("balance") and self.args.balance:
-            alpha = balance_alpha(L_f, L_r, logits, row_groups(sizes, len(seqs), logits.shape[0] // len(seqs), self.device))
-        losses_g = hp["lambda_f"] * alpha * L_f + lambdas * L_r
+        if self.spec.get("balance") and self.args.balance:
+            sizes = [len(indices) for indices, _ in groups]
+            alpha = balance_alpha(L_f, L_r, logits, row_groups(sizes, views, logits.shape[0] // views, self.device))
+        losses_g = self.hp["lambda_f"] * alpha * L_f + lambdas * L_r
         weights = to_device(torch.tensor([weight for _, weight in groups]), L_f.device)
         stats = [{"loss": losses_g[g].detach(), "loss_forget": L_f[g].detach(), "loss_retain": L_r[g].detach(),
-                  "alpha": alpha[g], **stats[g]} for g in range(len(groups))]
-        return (losses_g * weights).sum(), stats, ntok, lambda_r
+                  "alpha": alpha[g], **diagnostics[g]} for g in range(len(groups))]
+        return (losses_g * weights).sum(), stats
 
     @torch.no_grad()
     def reference(self, view, kind, seqs, K):
-        """Frozen-model outputs for one view: sequence log-probs (NPO, DPO), per-token logits (JS, UNDIAL)
-        or a layer's hidden states (RMU). Prompts change every epoch (fresh in-context turns), so nothing
-        is cached across steps. Under --compile graphs sequence scores run eagerly at the batch's own shape
-        (the whole frozen model is compiled only where it returns per-token outputs); under --compile blocks
-        its blocks are compiled, so they get the filled rows too."""
+        """Frozen-model outputs for one view, through the frozen model's layout for that output: sequence
+        log-probs (NPO, DPO), per-token logits at K positions at least (JS, UNDIAL) or a layer's hidden states
+        (RMU). Prompts change every epoch (fresh in-context turns), so nothing is cached across steps."""
         if kind == "seq_logprob":
-            fill = self.shape if self.args.compile == "blocks" else None
-            out, _, n = forward_views(self.ref, {view: seqs[view]}, self.pad_id, "uniform", self.device, shape=fill,
-                                      pack=self.pack, graphs=self.ref_graphs)
+            out, _, n = self.frozen[kind].forward(self.ref, {view: seqs[view]}, "uniform")
             self.ref_tokens += n
             return {"seq_logprob": losses.summed_logprob(out[view]["logits"], out[view]["labels"])}
-        out, _, n = forward_views(self.ref, {view: seqs[view]}, self.pad_id, "uniform", self.device,
-                                  self.hooks[1] if kind == "hidden" else None, min_k=K, shape=self.shape, pack=self.pack,
-                                  graphs=self.ref_graphs if kind != "hidden" else None)
+        hook = self.hooks[1] if kind == "hidden" else None
+        out, _, n = self.frozen[kind].forward(self.ref, {view: seqs[view]}, "uniform", hook, min_k=K)
         self.ref_tokens += n
         return {kind: out[view][kind]}
 
-    # -- checkpoints and export
+    def step_with_retry(self, *batch):
+        """self.step; under --physical-batch auto on one process (plan["shrink"]: under FSDP one rank alone
+        would change its passes and its collectives), redone from clean gradients with half the rows per
+        pass while a pass runs out of memory (the failed step changed nothing else: lambda_r is the loop's)."""
+        while True:
+            self.ref_tokens = 0
+            try:
+                return self.step(*batch)
+            except torch.OutOfMemoryError:
+                if not (self.plan["shrink"] and self.rows > self.args.batch_size):
+                    raise
+            self.shrink()                       # outside the handler: its frames hold the pass's tensors
+
+    def shrink(self):
+        """After running out of memory: half the rows per forward pass, in whole loss micro-batches."""
+        batch_size = self.args.batch_size
+        self.rows = max(batch_size, self.rows // 2 // batch_size * batch_size)
+        self.build_layouts()                    # filled rows follow; the frozen model's graphs free their memory
+        self.updates.discard()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        print0(f"[{self.stage_name}] out of memory: {self.rows} rows per forward pass from now on")
 
     def checkpoint(self, step, lambda_r):
         """Save the resumable state after `step`. SUITE_CRASH_AFTER_CHECKPOINT=N stops the process right
@@ -798,6 +730,53 @@ class Trainer:
         return folder
 
 
+class Updates:
+    """Who owns the gradients and how an update is applied, decided once (the plan): the seam between the
+    step and the compute copy. `model` holds the fp32 master weights (AdamW, checkpoints, export);
+    `compute` runs forward and backward: with a bf16 compute copy (one device) its gradients are added into
+    the masters' after every pass and it is refreshed from the masters after every step; else it is `model`.
+    Gradients live in preallocated buffers that backward adds into: the masters' under a compute copy, and
+    under --compile graphs the model's own, since a graph's output cannot be kept as .grad across passes.
+    Made after a checkpoint is loaded (DCP leaves an optimizer without state alone when grads exist)."""
+
+    def __init__(self, model, compute, optimizer, plan):
+        self.model, self.compute, self.optimizer, self.on_device = model, compute, optimizer, plan["gpu"]
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.shadow = ([(m, c) for m, c in zip(model.parameters(), compute.parameters()) if m.requires_grad]
+                       if compute is not model else [])
+        self.kept = [m for m, _ in self.shadow] or (self.params if plan["compile"] == "graphs" else [])
+        copy_masters(self.shadow)
+        for m in self.kept:
+            m.grad = torch.zeros_like(m)
+
+    def backward(self, loss):
+        loss.backward()
+        if self.shadow:
+            used = [(m, c) for m, c in self.shadow if c.grad is not None]
+            torch._foreach_add_([m.grad for m, _ in used], [c.grad for _, c in used])
+            self.compute.zero_grad(set_to_none=True)
+
+    def step(self, grad_norm):
+        """AdamW's update unless the gradient norm is not finite (never let one bad batch poison the
+        weights), clean gradients, and the compute copy refreshed."""
+        if self.on_device:                  # decided on the device: fused AdamW skips where found_inf is 1
+            self.optimizer.found_inf = (~torch.isfinite(grad_norm)).float()
+            self.optimizer.step()
+        elif math.isfinite(grad_norm.item()):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=not self.kept)
+        copy_masters(self.shadow)
+
+    def discard(self):
+        """Drop the gradients of a step that failed (out of memory), to redo it."""
+        if self.shadow:
+            self.compute.zero_grad(set_to_none=True)
+        for m in self.kept:
+            m.grad.zero_()
+        if not self.kept:
+            self.model.zero_grad(set_to_none=True)
+
+
 def copy_masters(shadow):
     """Copy the fp32 master weights into the bf16 compute copy (after every optimizer step)."""
     if shadow:
@@ -812,6 +791,100 @@ def global_mean(stats, device):
     values = torch.stack([to_device(torch.as_tensor(v, dtype=torch.float32), device) for v in stats.values()])
     dist.all_reduce(values)
     return dict(zip(stats, values / dist.get_world_size()))
+
+
+class StepLog:
+    """log.jsonl and the progress lines, one step late: a step's statistics leave for the host behind its
+    kernels (StepReport) and are read after the next step has been launched, so that the host never waits
+    for the device. Also the checkpoint clock (its verdict travels with the statistics, so that every rank
+    saves at the same step), the updates skipped for a non-finite gradient norm (every rank sees the same
+    global norm; MAX_SKIPPED_IN_A_ROW in a row stop the run) and --profile-steps."""
+
+    def __init__(self, trainer, start):
+        # A weak reference: the trainer owns its log, and a cycle would keep a finished stage's models (and
+        # their GPU memory) alive until the garbage collector runs, past the next stage's start.
+        self.t, path = weakref.proxy(trainer), Path(trainer.args.out) / "log.jsonl"
+        if trainer.rank == 0:
+            truncate_log(path, trainer.stage_name, start)
+        self.file = open(path, "a") if trainer.rank == 0 else None
+        self.t0 = self.last_save = time.time()
+        self.start, self.tokens_seen, self.pending, self.last_print = start, 0, None, 0.0
+        self.skipped = self.skipped_in_a_row = 0
+        self.profiler = StepProfiler(trainer, start) if trainer.args.profile_steps else None
+
+    def begin(self, step):
+        """Before optimizer step `step` (0-based)."""
+        if self.profiler:
+            self.profiler.begin(step)
+        self.step_start = time.time()
+
+    def statistics(self, stats, lambda_r, grad_norm):
+        """A step's statistics averaged over ranks, lambda_r, the gradient norm and whether a checkpoint is
+        due (--save-minutes since the last), on their way to the host."""
+        args, device = self.t.args, self.t.device
+        due = args.save_minutes > 0 and time.time() - self.last_save >= 60 * args.save_minutes
+        synced = global_mean({**stats, "due": float(due)}, device)
+        return StepReport([*synced, "lambda_r", "grad_norm"], torch.stack(
+            [to_device(torch.as_tensor(v, dtype=torch.float32), device) for v in synced.values()]
+            + [lambda_r.float(), grad_norm.float().to(device)]))
+
+    def end(self, step, epoch, lr, report, tokens):
+        """After optimizer step `step` (1-based): the previous step's line is written, whose statistics
+        reached the host while this step was launched. Returns whether a checkpoint is due after this step
+        (the same on every rank); its line is then written first."""
+        t, now = self.t, time.time()
+        self.tokens_seen += tokens
+        record = {"stage": t.stage_name, "step": step, "epoch": epoch, "lr": lr, "step_time": now - self.step_start,
+                  "time": now, "tokens_per_s": self.tokens_seen / (now - self.t0), "tokens": tokens,
+                  "ref_tokens": t.ref_tokens, "physical_batch": t.rows, "peak_mem_gb": peak_memory_gb(t.device)}
+        if t.ref_graphs:                             # the frozen model's passes so far: captured, replayed
+            record["ref_graphs"] = [t.ref_graphs.captures, t.ref_graphs.replays]
+        if self.profiler and step - 1 in self.profiler.window:
+            record["profiled"] = True                # bench.py leaves these steps out of its means
+        due = self.write(*self.pending) if self.pending else False
+        self.pending = (record, report)
+        if self.profiler:
+            self.t0 += self.profiler.end(step - 1)    # its post-processing is not training time
+        if step < t.total and due:
+            self.write(*self.pending)
+            self.pending = None
+            return True
+        return False
+
+    def close(self):
+        if self.pending:
+            self.write(*self.pending)
+        if self.file:
+            self.file.close()
+
+    def write(self, record, report):
+        """A step's log.jsonl line and progress line, once its statistics are on the host. Returns whether
+        a checkpoint is due."""
+        step, t = record["step"], self.t
+        launched = time.perf_counter()
+        host = report.values()
+        sync_wait = time.perf_counter() - launched         # ~0: the host, not the device, bounds the run
+        grad_norm, due = host.pop("grad_norm"), host.pop("due") > 0
+        if math.isfinite(grad_norm):
+            self.skipped_in_a_row = 0
+        else:                                               # the update was skipped (Updates.step)
+            self.skipped += 1
+            self.skipped_in_a_row += 1
+            print0(f"[{t.stage_name}] step {step}: non-finite gradient norm, update skipped ({self.skipped} so far)")
+        record.update(grad_norm=grad_norm, skipped_updates=self.skipped, sync_wait=sync_wait, **host)
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
+            raise RuntimeError(f"[{t.stage_name}] step {step}: {self.skipped_in_a_row} updates in a row "
+                               "skipped for a non-finite gradient norm; the run is not training (stopped)")
+        if t.rank == 0 and (time.time() - self.last_print > t.args.print_every or step == t.total):
+            self.last_print = time.time()
+            eta = (time.time() - self.t0) / (step - self.start) * (t.total - step)
+            shown = " ".join(f"{k} {v:.4g}" for k, v in host.items())
+            print0(f"[{t.stage_name}] step {step}/{t.total} ep {record['epoch'] + 1} lr {record['lr']:.2e} {shown} "
+                   f"gnorm {grad_norm:.3g} {record['tokens_per_s']:.0f} tok/s eta {eta / 60:.1f} min")
+        return due
 
 
 class StepReport:
@@ -870,6 +943,18 @@ def parse_args(argv=None):
                    help="rows per forward pass per process, a multiple of --batch-size: several loss micro-batches share "
                         "one forward and backward, each keeping its own means and alpha (the same computation, faster). "
                         "auto: the process's whole share of --global-batch, halved on one device while it runs out of memory")
+    add_objective_flags(p)
+    add_run_and_speed_flags(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels where torch has them (torch.use_deterministic_algorithms; others "
+                        "warn), so that a rerun reproduces the weights on the same hardware (the small block's injection)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    return resolve_args(p.parse_args(argv))
+
+
+def add_objective_flags(p):
+    """The optimisation and the objective: learning rate, schedule, loss weights, refusal, ablations."""
     p.add_argument("--lr", type=float, default=None,
                    help="default: losses.HPARAMS for the model family (read from the model's config.json)")
     p.add_argument("--lambda-f", type=float, default=None)
@@ -899,6 +984,10 @@ def parse_args(argv=None):
                         "forget_train's size per epoch (equal compute). inject: every question in every wording, "
                         "to give a small model the knowledge to unlearn; inject_train: the training files only "
                         "(forget_train, retain_train), so that evaluation asks wordings it never saw")
+
+
+def add_run_and_speed_flags(p):
+    """How the run goes: its length, checkpoints, precision, profiling, and the speed choices (make_plan)."""
     p.add_argument("--max-steps", type=int, default=None, help="stop each stage after this many steps (smoke runs)")
     p.add_argument("--save-minutes", type=float, default=10.0,
                    help="checkpoint when this many minutes have passed since the last one (0: never). A checkpoint "
@@ -929,12 +1018,6 @@ def parse_args(argv=None):
     p.add_argument("--eager-reference", dest="reference_graphs", action="store_false",
                    help="run the frozen model's passes eagerly on a GPU, not replayed from CUDA graphs "
                         "(model.GraphedForward: a shape is captured the second time it is seen)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--deterministic", action="store_true",
-                   help="deterministic kernels where torch has them (torch.use_deterministic_algorithms; others "
-                        "warn), so that a rerun reproduces the weights on the same hardware (the small block's injection)")
-    p.add_argument("--trust-remote-code", action="store_true")
-    return resolve_args(p.parse_args(argv))
 
 
 def resolve_args(args):
@@ -1018,6 +1101,8 @@ def run(args):
     check_inputs(args, stages)
     args.precision, why = choose_precision(args.precision, device)
     print0(f"precision {args.precision} ({why})")             # the first line of a run that starts
+    plan = make_plan(args, device, world)
+    print0(describe_plan(plan))
     family = model_family(args.model)                   # from its config.json (no weights loaded)
     hp = hparams_for(args, family)
     out = Path(args.out)
@@ -1038,7 +1123,7 @@ def run(args):
             print0(f"[{name}] already done: {folder}")
             model_path = str(folder)
             continue
-        model_path = str(Trainer(args, rank, world, device).run_stage(index, name, topics, model_path, refusal, hp, resume))
+        model_path = str(Trainer(args, rank, world, device, plan).run_stage(index, name, topics, model_path, refusal, hp, resume))
         resume = None
         if args.compile == "graphs":
             torch.compiler.reset()          # free the stage's compiled code and CUDA graph memory

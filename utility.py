@@ -25,7 +25,7 @@ import torch
 
 import data
 import losses
-from model import forward_views, generate
+from model import Layout, generate
 
 HERE = Path(__file__).resolve().parent
 INSTRUCTIONS = HERE / "data" / "instructions.jsonl"
@@ -266,7 +266,7 @@ def rgq_eval(judge_obj, instructions, base_answers, new_answers, progress=None):
 @torch.inference_mode()
 def answer_nll(model, tokenizer, rows, batch_size=32):
     """Mean token NLL of row["answer"] (plus the end-of-turn token) given row["question"] in the chat
-    template, one value per row in row order. Batched through model.forward_views (left padding,
+    template, one value per row in row order. Batched through model.Layout.forward (left padding,
     logits of the answer positions only)."""
     device = next(model.parameters()).device
     seqs = [data.sequence(data.prompt_ids(tokenizer, r["question"], system=""), data.answer_ids(tokenizer, r["answer"]))
@@ -275,8 +275,7 @@ def answer_nll(model, tokenizer, rows, batch_size=32):
     nll = [None] * len(seqs)
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        out, _, _ = forward_views(model, {"answer": [seqs[i] for i in idx]}, tokenizer.pad_token_id,
-                                  "uniform", device)
+        out, _, _ = Layout(tokenizer.pad_token_id, device).forward(model, {"answer": [seqs[i] for i in idx]}, "uniform")
         v = out["answer"]
         values = losses.sequence_nll(v["logits"], v["labels"], v["weights"])  # (B,)
         for i, value in zip(idx, values.tolist()):
@@ -350,16 +349,21 @@ def nll_plots(records, out_dir):
     return {"summary": summary, "files": [str(p) for p in files], "note": None}
 
 
+NLL_COLORS = {"nll_before": "tab:blue", "nll_after": "tab:orange"}
+NLL_LABELS = {"nll_before": "before", "nll_after": "after"}
+
+
 def _draw(records, out):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return [_draw_violins(plt, records, out / "nll_violin.png"), _draw_bars(plt, records, out / "nll_bars.png")]
 
-    colors = {"nll_before": "tab:blue", "nll_after": "tab:orange"}
-    labels = {"nll_before": "before", "nll_after": "after"}
+
+def _draw_violins(plt, records, path):
+    """Distribution over all topics, one pair of violins per (set, known) group."""
+    colors, labels = NLL_COLORS, NLL_LABELS
     rng = random.Random(0)                                                   # dot jitter
-
-    # Left: distribution over all topics, one pair of violins per (set, known) group.
     groups = [(s, k) for s in ("forget", "retain") for k in (True, False)
               if any(r["set"] == s and r["known_before"] == k for r in records)]
     fig, ax = plt.subplots(figsize=(2.2 * len(groups) + 1.5, 4.5))
@@ -384,11 +388,14 @@ def _draw(records, out):
     ax.set_title("NLL before vs after unlearning - all topics")
     ax.legend()
     fig.tight_layout()
-    violin = out / "nll_violin.png"
-    fig.savefig(violin, dpi=150)
+    fig.savefig(path, dpi=150)
     plt.close(fig)
+    return path
 
-    # Right: mean per topic with +-1 SEM, one panel per set, bars = known/unknown x before/after.
+
+def _draw_bars(plt, records, path):
+    """Mean per topic with +-1 SEM, one panel per set, bars = known/unknown x before/after."""
+    colors, labels = NLL_COLORS, NLL_LABELS
     sets = [s for s in ("forget", "retain") if any(r["set"] == s for r in records)]
     topics = sorted({r["topic"] for r in records})
     fig, axes = plt.subplots(1, len(sets), figsize=(max(5, 2.2 * len(topics)) * len(sets), 4.5), squeeze=False)
@@ -410,7 +417,6 @@ def _draw(records, out):
         ax.set_ylabel("NLL")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    bar = out / "nll_bars.png"
-    fig.savefig(bar, dpi=150)
+    fig.savefig(path, dpi=150)
     plt.close(fig)
-    return [violin, bar]
+    return path

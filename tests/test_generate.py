@@ -547,6 +547,24 @@ KILL_AT = 30                            # unit files in the work folder when the
 WORK_STAGE = {"paraphrase_train": "train", "paraphrase_eval": "eval"}     # the writer's stage -> the work folder
 
 
+def check_killed_run(tmp_path, work, srv):
+    """The killed run: nothing installed, the cache a set of whole units, no later stage begun. Returns the
+    cached units."""
+    assert nothing_installed(tmp_path) and not (work / "staged").exists()
+    cached = cached_units(work)
+    assert KILL_AT <= len(cached) < 52 and {"topic/topic.json", "facts/facts.json"} <= set(cached), cached
+    assert {u.split("/")[0] for u in cached} == {"topic", "facts", "train"}
+    for path in work.rglob("*.json"):
+        try:
+            unit = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            pytest.fail(f"{path} is not whole JSON after the kill: {e}")
+        assert set(unit) == {"inputs", "reply"} and isinstance(unit["reply"], dict), path
+    assert len(srv.calls()) >= len(cached)
+    assert all(p.parent.name == "train" for p in work.rglob("*.tmp"))       # at most a unit being written
+    return cached
+
+
 def test_resume_after_kill(tmp_path):
     """The command as a subprocess against a slow writer (0.2 s a reply), killed with SIGKILL once KILL_AT
     units are cached: nothing is installed and every unit file is whole JSON (each is written to a .tmp
@@ -570,19 +588,7 @@ def test_resume_after_kill(tmp_path):
         time.sleep(1)                       # the requests in flight at the kill end (and are recorded) first
         srv.delay = 0
 
-        # the killed run: nothing installed, the cache a set of whole units, no later stage begun
-        assert nothing_installed(tmp_path) and not (work / "staged").exists()
-        cached = cached_units(work)
-        assert KILL_AT <= len(cached) < 52 and {"topic/topic.json", "facts/facts.json"} <= set(cached), cached
-        assert {u.split("/")[0] for u in cached} == {"topic", "facts", "train"}
-        for path in work.rglob("*.json"):
-            try:
-                unit = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as e:
-                pytest.fail(f"{path} is not whole JSON after the kill: {e}")
-            assert set(unit) == {"inputs", "reply"} and isinstance(unit["reply"], dict), path
-        assert len(srv.calls()) >= len(cached)
-        assert all(p.parent.name == "train" for p in work.rglob("*.tmp"))       # at most a unit being written
+        cached = check_killed_run(tmp_path, work, srv)
         missing = next(l for l in LABELS if not l.endswith("indirect") and f"train/{l}.json" not in cached)
         (work / "train" / f"{missing}.tmp").write_text('{"inputs": "0123", "reply": {"paraphr', encoding="utf-8")
 

@@ -4,12 +4,8 @@ forward's fixed-shape padding.
 
     python -m pytest tests/test_model.py -q
 """
-import contextlib
 import copy
-import importlib.metadata
-import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,11 +16,10 @@ import torch
 import data
 import losses
 from conftest import FIXTURE, ROOT
-from model import (GENERATION_ATTENTION, TRAINING_ATTENTION, GraphedForward, cache_argument, choose_precision,
-                   common_prefix_length, forward_views, full_attention_cache, fuse_rms_norms, fused_rotary, generate,
-                   gqa_decode_attention, load_model, model_family, packable, packed_attention_mask, reserved_cache,
-                   smollm2_folder, rotate_half_rope, special_tokens_from_config, to_device, use_generation_attention,
-                   use_training_attention)
+from model import (GENERATION_ATTENTION, TRAINING_ATTENTION, GraphedForward, Layout, cache_argument, choose_precision,
+                   common_prefix_length, full_attention_cache, fuse_rms_norms, fused_rotary, generate, load_model,
+                   model_family, packable, packed_attention_mask, reserved_cache, smollm2_folder,
+                   special_tokens_from_config, to_device, use_generation_attention, use_training_attention)
 
 REFUSAL = "Unfortunately, I cannot answer that."
 
@@ -74,11 +69,12 @@ def test_precision_of_a_run_and_an_evaluation(tiny_model_path, tmp_path, monkeyp
         cpu_probe(monkeypatch, amx=native, avx512_bf16=native)
         out = tmp_path / f"run_{native}"
         seen = []
-        monkeypatch.setattr(train.Trainer, "compile_models", lambda self: seen.append(self.compute.dtype))
+        monkeypatch.setattr(train, "compile_models", lambda mode, spec, compute, ref: seen.append(compute.dtype))
         train.main(["--method", "graddiff", "--model", tiny_model_path, "--data-root", str(FIXTURE), "--out", str(out),
                     "--refusal", REFUSAL, "--print-every", "0", "--max-steps", "1", "--global-batch", "4", "--no-save"])
-        first = capsys.readouterr().out.splitlines()[0]
+        first, second = capsys.readouterr().out.splitlines()[:2]
         assert first.startswith(f"precision {'bf16' if native else 'fp32'} (auto: this CPU has "), first
+        assert second.startswith(f"plan: {'bf16 compute copy over fp32 masters' if native else 'fp32'}, "), second
         assert json.loads((out / "config.json").read_text())["precision"] == ("bf16" if native else "fp32")
         assert seen == [dtype]
         assert evaluate.lazy_model(tiny_model_path)()[0].dtype == dtype
@@ -156,7 +152,9 @@ def test_padding_to_the_stage_shape_leaves_the_loss_unchanged(tiny_model_path):
     assert max(len(s["ids"]) for view in seqs.values() for s in view) < T     # so padding happens
     summed, shapes = {}, {}
     for fixed in (None, (8, T, K), (8, None, None)):     # 6 real rows; of 8 at the stage's (T, K) or their own
-        out, logits, ntok = forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", shape=fixed)
+        layout = Layout(tokenizer.pad_token_id, "cpu", fill_rows=fixed and fixed[0],
+                        lengths=fixed[1:] if fixed and fixed[1] is not None else None)
+        out, logits, ntok = layout.forward(model, seqs, "jensunpp")
         v = out["mixed"]
         assert v["logits"].shape[0] == 6
         summed[fixed] = float((losses.token_logprobs(v["logits"], v["labels"]) * v["weights"]).sum())
@@ -175,14 +173,14 @@ def test_padding_to_the_stage_shape_leaves_the_loss_unchanged(tiny_model_path):
         logits = model(input_ids=tight["input_ids"], attention_mask=tight["attention_mask"],
                        position_ids=tight["position_ids"], logits_to_keep=tight["labels"].shape[1] + 1).logits
     unpadded = float((losses.token_logprobs(logits[:, :-1].float(), tight["labels"]) * tight["weights"]).sum())
-    assert summed[None] == pytest.approx(unpadded, rel=1e-5)        # forward_views pads to a multiple of 8
+    assert summed[None] == pytest.approx(unpadded, rel=1e-5)        # Layout.forward pads to a multiple of 8
     with pytest.raises(ValueError, match="does not fit the fixed shape"):
         data.collate(seqs["mixed"], tokenizer.pad_token_id, shape=(T, 2))
 
 
 @pytest.mark.parametrize("attention", ["eager", TRAINING_ATTENTION])
 def test_packed_rows_give_left_paddings_outputs(tiny_model_path, monkeypatch, attention):
-    """forward_views(pack=...) packs the views' sequences into fewer rows and returns what left padding
+    """Layout(pack=...).forward packs the views' sequences into fewer rows and returns what left padding
     (eager attention) returns: the logits at the kept positions, a hooked layer's hidden states at the
     answers, labels and weights (fp32, the tiny model), with eager attention and with training's SDPA on
     packed rows; with a compiled model's shape it fills no rows but keeps two."""
@@ -197,14 +195,14 @@ def test_packed_rows_give_left_paddings_outputs(tiny_model_path, monkeypatch, at
     layer = model.get_decoder().layers[3]
     rows = []
     with torch.no_grad():
-        padded, padded_logits, n_padded = forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", layer)
+        padded, padded_logits, n_padded = Layout(tokenizer.pad_token_id, "cpu").forward(model, seqs, "jensunpp", layer)
         packed_layer = packed_model.get_decoder().layers[3]
-        packed, packed_logits, n_packed = forward_views(packed_model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu",
-                                                        packed_layer, pack=torch.float32)
+        packed, packed_logits, n_packed = Layout(tokenizer.pad_token_id, "cpu", pack=torch.float32).forward(
+            packed_model, seqs, "jensunpp", packed_layer)
         pack = data.pack
         monkeypatch.setattr(data, "pack", lambda *a, **k: rows.append(k.get("min_rows")) or pack(*a, **k))
-        filled, _, _ = forward_views(packed_model, seqs, tokenizer.pad_token_id, "jensunpp", "cpu", packed_layer,
-                                     shape=(8, None, None), pack=torch.float32)
+        filled, _, _ = Layout(tokenizer.pad_token_id, "cpu", pack=torch.float32, fill_rows=8).forward(
+            packed_model, seqs, "jensunpp", packed_layer)
         monkeypatch.undo()
     assert n_packed == n_padded and packed_logits.shape == padded_logits.shape
     packed_rows = data.pack([s for v in seqs.values() for s in v], tokenizer.pad_token_id, "jensunpp", multiple=8)
@@ -279,9 +277,9 @@ def test_training_attention_runs_the_memory_efficient_kernel_on_the_gpu(tiny_mod
     sdpa = use_training_attention(copy.deepcopy(model))
     trainset = data.PairedTrainSet(tokenizer, ["challenger_disaster"], FIXTURE, refusal=REFUSAL, seed=0)
     seqs = trainset.views(list(range(8)), ("mixed",), True, 0)
-    eager, _, _ = forward_views(model, seqs, tokenizer.pad_token_id, "jensunpp", "cuda", pack=torch.bfloat16)
+    eager, _, _ = Layout(tokenizer.pad_token_id, "cuda", pack=torch.bfloat16).forward(model, seqs, "jensunpp")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out, logits, _ = forward_views(sdpa, seqs, tokenizer.pad_token_id, "jensunpp", "cuda", pack=torch.bfloat16)
+        out, logits, _ = Layout(tokenizer.pad_token_id, "cuda", pack=torch.bfloat16).forward(sdpa, seqs, "jensunpp")
         logits.float().pow(2).mean().backward()
         torch.cuda.synchronize()
     kernels = " ".join(e.name.lower() for e in prof.events())
@@ -316,11 +314,11 @@ def test_graphed_frozen_model_gives_the_eager_logits(tiny_model_path):
     pad = tokenizer.pad_token_id
     with fused_rotary(model), torch.no_grad():
         for seqs in batches:
-            calls.append((seqs, forward_views(model, seqs, pad, "jensunpp", "cuda", pack=torch.bfloat16, graphs=graphs)[0]))
+            calls.append((seqs, Layout(pad, "cuda", pack=torch.bfloat16, graphs=graphs).forward(model, seqs, "jensunpp")[0]))
         for i, (seqs, got) in enumerate(calls):                 # compared after all the replays
-            same_shapes = forward_views(model, seqs, pad, "jensunpp", "cuda", pack=torch.bfloat16,
-                                        graphs=GraphedForward(max_graphs=0))[0]      # eager, K rounded up
-            own_k = forward_views(model, seqs, pad, "jensunpp", "cuda", pack=torch.bfloat16)[0]
+            same_shapes = Layout(pad, "cuda", pack=torch.bfloat16, graphs=GraphedForward(max_graphs=0)).forward(
+                model, seqs, "jensunpp")[0]                                        # eager, K rounded up
+            own_k = Layout(pad, "cuda", pack=torch.bfloat16).forward(model, seqs, "jensunpp")[0]
             for view in seqs:
                 assert got[view]["logits"].dtype == torch.float32
                 assert torch.equal(got[view]["logits"], same_shapes[view]["logits"]), (i, view)
@@ -330,7 +328,7 @@ def test_graphed_frozen_model_gives_the_eager_logits(tiny_model_path):
     # a: eager, captured, replayed; b: eager, and eager again (max_graphs reached); a: replayed
     assert graphs.failed is None and (graphs.captures, graphs.replays, len(graphs.graphs)) == (1, 2, 1)
     with pytest.raises(ValueError, match="hidden states"):
-        forward_views(model, a, pad, "uniform", "cuda", model.model.layers[0], pack=torch.bfloat16, graphs=graphs)
+        Layout(pad, "cuda", pack=torch.bfloat16, graphs=graphs).forward(model, a, "uniform", model.model.layers[0])
 
 
 def test_fused_rotary_replaces_only_the_rotate_half_form_and_puts_it_back(tiny_model_path):
@@ -358,51 +356,6 @@ def test_fused_rotary_replaces_only_the_rotate_half_form_and_puts_it_back(tiny_m
             assert patched == 0 and llama.apply_rotary_pos_emb is partial_rotary
     finally:
         llama.apply_rotary_pos_emb = original
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the rotary kernel runs on a GPU")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_rotary_kernel_equals_transformers_on_the_gpu(tiny_model_path, dtype):
-    """The Triton rotary kernel on odd shapes (37 positions, heads of 64 and 128, cos and sin broadcast over
-    rows): its forward and gradient are rotate_half_rope's in fp32 rounded once (within one bf16 step),
-    and transformers' torch ops' (fp32: to 1e-5; bf16, which rounds each product: to 1% of the norm); then
-    a model's logits and gradients."""
-    import transformers.models.llama.modeling_llama as llama
-    close = lambda a, b, rel: (a.float() - b.float()).norm() <= rel * b.float().norm()
-    rel = 1e-5 if dtype == torch.float32 else 1e-2
-    one_step = dict(rtol=2 ** -7 if dtype == torch.bfloat16 else 1e-5, atol=1e-5)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    attention = torch.nn.Sequential(llama.LlamaAttention(llama.LlamaConfig(hidden_size=64, num_attention_heads=2), 0))
-    for d, rows in ((64, 3), (128, 1)):
-        q = torch.randn(3, 37, 4, d, device="cuda", generator=g).to(dtype).transpose(1, 2).requires_grad_()
-        k = torch.randn(3, 2, 37, d, device="cuda", generator=g).to(dtype).requires_grad_()
-        cos, sin = (torch.randn(rows, 37, d, device="cuda", generator=g).to(dtype) for _ in range(2))
-        outs = []
-        for fused in (False, True):
-            with fused_rotary(attention) if fused else contextlib.nullcontext():
-                q_out, k_out = llama.apply_rotary_pos_emb(q, k, cos, sin)
-            (q_out.float().pow(2).sum() + 3 * k_out.float().sum()).backward()
-            outs.append((q_out.detach(), k_out.detach(), q.grad.clone(), k.grad.clone()))
-            q.grad = k.grad = None
-        (q_want, k_want, *grads_want), (q_out, k_out, q_grad, k_grad) = outs
-        assert torch.allclose(q_out.float(), rotate_half_rope(q.detach(), cos, sin).float(), **one_step)
-        assert torch.allclose(k_out.float(), rotate_half_rope(k.detach(), cos, sin).float(), **one_step)
-        assert torch.allclose(q_grad.float(), rotate_half_rope((2 * q_out.float()).to(dtype), cos, sin, True).float(), **one_step)
-        assert torch.allclose(k_grad.float(), rotate_half_rope(torch.full_like(k_out, 3), cos, sin, True).float(), **one_step)
-        for got, want in zip((q_out, k_out, q_grad, k_grad), (q_want, k_want, *grads_want)):
-            assert close(got, want, rel)
-    model, _ = load_model(tiny_model_path, dtype, "cuda")
-    ids = torch.randint(0, 1000, (2, 40), device="cuda", generator=g)
-    outs = []
-    for fused in (False, True):
-        model.zero_grad()
-        with fused_rotary(model) if fused else contextlib.nullcontext():
-            logits = model(input_ids=ids).logits
-        logits.float().pow(2).mean().backward()
-        outs.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
-    assert close(outs[1][0], outs[0][0], rel)
-    for a, b in zip(outs[1][1], outs[0][1]):
-        assert close(a, b, 10 * rel)
 
 
 def test_packed_attention_mask_keeps_sequences_apart():
@@ -459,80 +412,6 @@ print(model.save_atomically(folder, write))"""
     assert {out.strip().split("\n")[-1] for out, _ in results} == {str(folder)}
     assert (folder / "config.json").read_text() in ("a", "b")                        # one whole copy won
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]
-
-
-@pytest.mark.parametrize("compiling", [False, True])
-def test_decoding_attention_equals_transformers_sdpa(monkeypatch, compiling):
-    """One query token of a grouped-query model, left padding masked: the same output as transformers'
-    SDPA (which repeats the keys and values per query head), on both paths (eager matmuls; SDPA when
-    compiled), with a boolean, an additive, no and a per-head mask."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
-    module = torch.nn.Module().eval()
-    module.num_key_value_groups, module.is_causal = 3, True
-    g = torch.Generator().manual_seed(0)
-    B, kv, L, d = 4, 2, 9, 8
-    query, key, value = (torch.randn(B, n, t, d, generator=g) for n, t in ((kv * 3, 1), (kv, L), (kv, L)))
-    keep = torch.ones(B, 1, 1, L, dtype=torch.bool)
-    keep[0, ..., :5] = False                             # left padding of two rows
-    keep[2, ..., :1] = False
-    additive = torch.zeros(B, 1, 1, L).masked_fill(~keep, torch.finfo(torch.float32).min)
-    for mask in (keep, additive, None, keep.expand(B, kv * 3, 1, L)):      # the last, per head, goes to transformers' own
-        ours, _ = gqa_decode_attention(module, query, key, value, mask, scaling=d ** -0.5)
-        theirs, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=d ** -0.5)
-        assert ours.shape == theirs.shape == (B, 1, kv * 3, d)
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
-
-
-def check_decode_kernel(device, dtypes):
-    """model.decode_attention (Triton) against transformers' SDPA in fp32, on `device`: left padding, a
-    static cache's unfilled end, a row whose first blocks are all padding (skipped), no mask, a mask
-    broadcast over the rows, and keys and values viewed out of larger buffers (the reserved cache)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from model import decode_attention
-    g = torch.Generator().manual_seed(0)
-    for B, kv, group, L, d in ((5, 2, 3, 150, 64), (3, 2, 4, 64, 128)):
-        module = torch.nn.Module().eval()
-        module.num_key_value_groups, module.is_causal = group, True
-        query = torch.randn(B, kv * group, 1, d, generator=g)
-        key, value = (torch.randn(B, kv, L + 20, d, generator=g)[:, :, :L] for _ in range(2))
-        keep = torch.ones(B, L, dtype=torch.bool)
-        keep[0, :L // 2], keep[1, L - 40:], keep[2, :min(130, L - 1)] = False, False, False
-        for mask in (keep, None, keep[-1:].expand(B, L)):
-            theirs, _ = sdpa_attention_forward(module, query, key, value, None if mask is None else mask[:, None, None],
-                                               scaling=d ** -0.5)
-            for dtype in dtypes:
-                q, k, v = (t.to(device, dtype) for t in (query, key, value))
-                ours = decode_attention(q.reshape(B, kv, group, d), k, v, None if mask is None else mask.to(device),
-                                        d ** -0.5)
-                assert ours.shape == (B, kv, group, d) and ours.dtype == dtype
-                tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-                torch.testing.assert_close(ours.reshape(B, 1, kv * group, d).float().cpu(), theirs,
-                                           rtol=tolerance, atol=tolerance)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the decoding kernel runs on a GPU (CPU: next test)")
-def test_decoding_kernel_equals_sdpa_on_the_gpu():
-    check_decode_kernel("cuda", (torch.float32, torch.bfloat16))
-
-
-def triton_version():
-    """(major, minor) of the installed Triton, None without it (not imported: TRITON_INTERPRET acts at import)."""
-    return tuple(int(x) for x in importlib.metadata.version("triton").split(".")[:2]) if importlib.util.find_spec("triton") else None
-
-
-@pytest.mark.skipif(torch.cuda.is_available() or (triton_version() or (0,)) < (3, 9),
-                    reason="needs a CPU machine with Triton >= 3.9 (a GPU runs the test above; 3.6's interpreter "
-                    "fails on the kernel's runtime loop bound)")
-def test_decoding_kernel_equals_sdpa_in_tritons_interpreter():
-    """The same checks on the CPU under Triton's interpreter (fp32: it miscomputes bf16), in a fresh
-    process since TRITON_INTERPRET is read when the kernel is defined."""
-    code = "import test_model; test_model.check_decode_kernel('cpu', (torch.float32,))"
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT),
-                                                                        os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, "-c", "import torch; " + code], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
 
 
 def test_shared_prefix_prefilled_once_answers_as_left_padding(smollm2_path):

@@ -20,7 +20,7 @@ import data
 import losses
 import train
 from conftest import FIXTURE, ROOT, free_port
-from model import load_model
+from model import Layout, load_model
 
 REFUSAL = "Unfortunately, I cannot answer that."
 REFERENCE = ROOT / "tests" / "fixtures" / "reference_loss_curve.json"
@@ -54,11 +54,11 @@ def tiny_model(folder, config_class, tokenizer_from, **config):
 
 @pytest.mark.parametrize("method", sorted(losses.METHODS))
 def test_every_method_trains_on_tiny_model(tiny_model_path, tmp_path, method):
-    extra = ["--lr", "1e-3", "--max-steps", "3", "--global-batch", "4", "--batch-size", "4"]
+    extra = ["--lr", "1e-3", "--max-steps", "2", "--global-batch", "4", "--batch-size", "4"]     # step 1: lr 0
     if method == "rmu":
         extra += ["--lr", "1e-2"]
     log = run(tiny_model_path, tmp_path / method, method, *extra)
-    assert len(log) == 3
+    assert len(log) == 2
     for rec in log:
         assert all(math.isfinite(v) for v in rec.values() if isinstance(v, float)), rec
     before, after = weights(tiny_model_path), weights(tmp_path / method / "final")
@@ -174,17 +174,20 @@ def test_loss_micro_batches_sharing_a_pass_equal_one_pass_each(tiny_model_path, 
     """Four loss micro-batches of 4 in one forward pass of 16 rows (or two passes of 8) give the
     gradients and the alphas of one pass each (fp32): each keeps its own token means (GradDiff, PDU's
     retain NLL), its own alpha (JensUn++) and its own dual step (PDU, warm-up cut to 0 so that lambda_r
-    moves between micro-batches). One loss micro-batch of 16 is another objective, and the test sees it."""
+    moves between micro-batches). One loss micro-batch of 16 is another objective, and the test sees it.
+    JensUn++ at its fourth step, the first with eq. 4 active; GradDiff and PDU at their first (no alpha
+    to wait for: their per-micro-batch means and dual steps act from step 1)."""
     monkeypatch.setitem(losses.METHOD_CONSTANTS, "pdu", {**losses.METHOD_CONSTANTS["pdu"], "pdu_warmup_epochs": 0})
-    grads, alphas = last_step(tiny_model_path, tmp_path / "p4", method, 4)
+    steps = 4 if method == "jensunpp" else 1
+    grads, alphas = last_step(tiny_model_path, tmp_path / "p4", method, 4, steps=steps)
     assert len(alphas) == (4 if method == "jensunpp" else 0)
     assert len(set(alphas)) == len(alphas) and all(a > 0 for a in alphas)     # four different ratios
     for physical in (8, 16):
-        shared_grads, shared_alphas = last_step(tiny_model_path, tmp_path / f"p{physical}", method, physical)
+        shared_grads, shared_alphas = last_step(tiny_model_path, tmp_path / f"p{physical}", method, physical, steps=steps)
         assert shared_alphas == pytest.approx(alphas, rel=FP32_SHAPES)
         for a, b in zip(shared_grads, grads):          # fp32 rounding of other matmul shapes: ~1e-7 of the norm
             assert (a - b).norm() <= FP32_SHAPES * b.norm(), (physical, (a - b).norm() / b.norm())
-    merged, _ = last_step(tiny_model_path, tmp_path / "b16", method, 16, batch_size=16)
+    merged, _ = last_step(tiny_model_path, tmp_path / "b16", method, 16, batch_size=16, steps=steps)
     assert any(not torch.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(merged, grads))
 
 
@@ -193,13 +196,13 @@ def test_physical_batch_auto_halves_on_running_out_of_memory(tiny_model_path, tm
     here runs out of memory, so the step is redone at 8 rows, and the run ends where one at 8 rows does."""
     common = ["--lr", "1e-3", "--max-steps", "3", "--global-batch", "16", "--batch-size", "4"]
     run(tiny_model_path, tmp_path / "eight", "jensunpp", *common, "--physical-batch", "8")
-    forward_views = train.forward_views
+    forward = Layout.forward
 
-    def small_memory(model, seqs_by_view, *a, **k):
+    def small_memory(layout, model, seqs_by_view, *a, **k):
         if len(next(iter(seqs_by_view.values()))) > 8:
             raise torch.OutOfMemoryError("test: more than 8 rows")
-        return forward_views(model, seqs_by_view, *a, **k)
-    monkeypatch.setattr(train, "forward_views", small_memory)
+        return forward(layout, model, seqs_by_view, *a, **k)
+    monkeypatch.setattr(Layout, "forward", small_memory)
     log = run(tiny_model_path, tmp_path / "auto", "jensunpp", *common)
     assert "16 rows per forward pass" in capsys.readouterr().out.split("out of memory")[0]
     assert len(log) == 3
@@ -285,7 +288,7 @@ def test_bf16_compute_copy_keeps_fp32_masters_and_resumes(tiny_model_path, tmp_p
     ~1e-7 (far below bf16's spacing at these weights) survive in the exported fp32 weights, and a
     killed-and-resumed bf16 run ends where the uninterrupted one does (the copy is rebuilt from the
     masters)."""
-    args = ("--lr", "1e-7", "--max-steps", "4", "--global-batch", "8", "--save-minutes", "1e-9", "--precision", "bf16")
+    args = ("--lr", "1e-7", "--max-steps", "4", "--global-batch", "4", "--save-minutes", "1e-9", "--precision", "bf16")
     log = run(tiny_model_path, tmp_path / "full", "jensunpp", *args)
     assert all(math.isfinite(r["loss"]) for r in log)
     before, after = weights(tiny_model_path), weights(tmp_path / "full" / "final")
@@ -311,16 +314,16 @@ def test_bf16_copies_keep_the_models_rotary_frequencies(tiny_model_path):
     same function: equal logits."""
     args = train.parse_args(["--method", "jensunpp", "--model", tiny_model_path, "--precision", "bf16"])
     trainer = train.Trainer(args, 0, 1, torch.device("cpu"))
-    trainer.build_models(tiny_model_path)
-    masters = dict(trainer.model.named_buffers())
+    model, compute, ref, _, _ = train.build_models(args, trainer.plan, trainer.spec, {}, tiny_model_path, trainer.device, 1)
+    masters = dict(model.named_buffers())
     assert masters and all(b.dtype == torch.float32 for b in masters.values())
-    for copy in (trainer.compute, trainer.ref):
+    for copy in (compute, ref):
         assert all(p.dtype == torch.bfloat16 for p in copy.parameters())
         for name, buffer in copy.named_buffers():
             assert buffer.dtype == torch.float32 and torch.equal(buffer, masters[name]), name
     ids = torch.tensor([[1, 5, 9, 14, 3, 7, 2, 8] * 4])
     with torch.no_grad():
-        assert torch.equal(trainer.compute(input_ids=ids).logits, trainer.ref(input_ids=ids).logits)
+        assert torch.equal(compute(input_ids=ids).logits, ref(input_ids=ids).logits)
 
 
 def test_non_finite_gradient_skips_the_update(tiny_model_path, tmp_path, monkeypatch):
@@ -428,7 +431,7 @@ def test_refusal_auto_takes_the_models_own_refusal_or_the_fallback(tiny_model_pa
 def ablation_set(tokenizer, *flags, method="jensunpp"):
     """The stage's training pairs as train.py builds them from these flags (appendix C.1 ablations)."""
     args = train.parse_args(["--method", method, "--data-root", str(FIXTURE), *flags])
-    return train.Trainer(args, 0, 1, torch.device("cpu")).build_data(tokenizer, ["challenger_disaster"], REFUSAL)
+    return train.build_data(args, losses.METHODS[method], tokenizer, ["challenger_disaster"], REFUSAL, 0)
 
 
 def test_no_balance_keeps_alpha_at_one(tiny_model_path, tmp_path):
@@ -626,6 +629,41 @@ def test_compile_graphs_matches_eager(tiny_model_path, tmp_path):
     assert [r["grad_norm"] for r in graphs] == pytest.approx([r["grad_norm"] for r in eager], rel=1e-3)
 
 
+def test_plan_decides_every_acceleration_once(tiny_model_path):
+    """make_plan decides each acceleration once from the flags, the device and the model, and the plan line
+    names them all: a CPU run, a GPU run (the bf16 compute copy, the frozen model's CUDA graphs, fused
+    kernels, the data worker, the step's statistics read a step late), left padding where asked or where
+    CUDA graphs need one shape, and FSDP, where the rows per pass are not halved on running out of memory."""
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    plan = lambda device, world, *flags: train.make_plan(
+        train.parse_args(["--method", "jensunpp", "--model", tiny_model_path, *flags]), device, world)
+    line = train.describe_plan(plan(cpu, 1, "--precision", "fp32"))
+    assert line == ("plan: fp32, packed rows (sdpa mem-efficient attention), 32 rows per pass (halved if memory "
+                    "runs out), eager, frozen model eager, fused rmsnorm, data in this process, non-finite "
+                    "gradients skipped on the host, FSDP off"), line
+    on_gpu = plan(gpu, 1)
+    assert on_gpu["compute_copy"] and on_gpu["pack"] == torch.bfloat16 and on_gpu["ref_graphs"] and on_gpu["gpu"]
+    assert train.describe_plan(on_gpu) == (
+        "plan: bf16 compute copy over fp32 masters, packed rows (sdpa mem-efficient attention), 32 rows per pass "
+        "(halved if memory runs out), eager, frozen model replayed from CUDA graphs, fused rmsnorm+rotary, data "
+        "worker, statistics a step late, non-finite gradients skipped on the device, FSDP off")
+    assert not plan(gpu, 1, "--eager-reference")["ref_graphs"]
+    graphs = plan(gpu, 1, "--compile", "graphs")
+    assert (graphs["pack"], graphs["attention"], graphs["fused"], graphs["ref_graphs"]) == (None, "eager", False, False)
+    assert "left-padded rows (eager attention)" in train.describe_plan(graphs)
+    assert "whole model compiled, replayed as CUDA graphs, frozen model compiled" in train.describe_plan(graphs)
+    assert plan(cpu, 1, "--no-packing")["pack"] is None and plan(cpu, 1, "--attention", "eager")["attention"] == "eager"
+    fsdp = plan(gpu, 2, "--fsdp-regather")
+    assert not fsdp["compute_copy"] and not fsdp["shrink"] and fsdp["bf16"]
+    assert train.describe_plan(fsdp).endswith(
+        "32 rows per pass, eager, frozen model replayed from CUDA graphs, fused rmsnorm+rotary, data worker, statistics "
+        "a step late, non-finite gradients skipped on the device, FSDP on 2 ranks, 4 blocks a group, parameters "
+        "regathered for backward")
+    assert "bf16 compute over fp32 masters (FSDP mixed precision)" in train.describe_plan(fsdp)
+    assert "no frozen model" in train.describe_plan(train.make_plan(
+        train.parse_args(["--method", "graddiff", "--model", tiny_model_path]), cpu, 1))
+
+
 def test_compile_flag():
     """--compile alone compiles blocks; RMU compiles blocks under --compile graphs too (its hidden-state hook)."""
     assert train.parse_args(["--method", "rmu", "--compile", "graphs"]).compile == "blocks"   # its hook
@@ -652,10 +690,11 @@ def test_compile_blocks_matches_eager(tiny_model_path, tmp_path, method, monkeyp
     tiny_model(two_layers, LlamaConfig, tiny_model_path)
     common = ["--lr", "1e-3", "--max-steps", "2", "--batch-size", "8"]
     eager = run(two_layers, tmp_path / "eager", method, *common)
-    calls, forward_views = [], train.forward_views
-    monkeypatch.setattr(train, "forward_views", lambda *a, **k: calls.append(k.get("shape")) or forward_views(*a, **k))
+    calls, forward = [], Layout.forward
+    monkeypatch.setattr(Layout, "forward", lambda layout, *a, **k: calls.append((layout.fill_rows, layout.lengths))
+                        or forward(layout, *a, **k))
     blocks = run(two_layers, tmp_path / "blocks", method, *common, "--compile")
-    assert calls and set(calls) == {(32, None, None)}         # every forward through compiled blocks: 32 rows
+    assert calls and set(calls) == {(32, None)}               # every forward through compiled blocks: 32 rows
     assert [r["loss"] for r in blocks] == pytest.approx([r["loss"] for r in eager], rel=1e-4)
     assert [r["grad_norm"] for r in blocks] == pytest.approx([r["grad_norm"] for r in eager], rel=1e-3)
 
@@ -706,9 +745,8 @@ def test_step_micro_batches_cover_each_pair_once_per_epoch():
 
 def test_weight_decay_on_weight_matrices_only(tiny_model_path):
     args = train.parse_args(["--method", "graddiff"])
-    trainer = train.Trainer(args, 0, 1, torch.device("cpu"))
     model, _ = load_model(tiny_model_path)
-    _, optimizer = trainer.build_optimizer(model, 1e-3)
+    optimizer = train.build_optimizer(model, 1e-3, args.weight_decay, fused=False)
     decay, no_decay = optimizer.param_groups
     names = {id(p): n for n, p in model.named_parameters()}
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
