@@ -326,7 +326,7 @@ def collate(seqs, pad_id, scheme="uniform", min_k=0, shape=None, multiple=1):
 
 def pack(seqs, pad_id, scheme="uniform", min_k=0, multiple=8, min_rows=1, keep_multiple=1):
     """Several sequences per row, for training: left padding wastes a third of a pass on SUITE (rows of
-    90 tokens on average padded to the longest, about 170; BENCHMARKS.md). Rows are L = the longest
+    90 tokens on average padded to the longest, about 170; BENCHMARKS.md at 2b7c545). Rows are L = the longest
     sequence rounded up to `multiple`; sequences go first-fit in order of decreasing length, each with
     its own positions from 0. Returns input_ids, position_ids and segments (R, L) (-1 on padding, else
     the sequence's slot in its row: model.packed_attention_mask keeps sequences apart), `keep` (N, K + 1):

@@ -696,12 +696,12 @@ def add_generation_flags(p):
                    "1024 for the answers; BENCHMARKS.md)")
     p.add_argument("--no-shared-prefix", action="store_true",
                    help="prefill every prompt whole, not a batch's shared prefix once (the same answers up to bf16 "
-                   "rounding, which random-weight models amplify; slower: BENCHMARKS.md)")
+                   "rounding, which random-weight models amplify; slower: BENCHMARKS.md at 2b7c545)")
     p.add_argument("--long-batch-size", type=int, help="batch of the long generations (Rep, RGQ; default --batch-size; "
                    "one H100, 3B: 512, all 500 Rep instructions at once)")
     p.add_argument("--long-cache", choices=["static", "dynamic"], default="dynamic",
                    help="KV cache for the long generations (Rep, RGQ): static makes transformers compile its decoding "
-                   "step on CUDA, which no longer pays for its compiling (BENCHMARKS.md)")
+                   "step on CUDA, which no longer pays for its compiling (BENCHMARKS.md at 2b7c545)")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                    help="the evaluated model's dtype; auto: bf16 on a GPU or a CPU with native bf16 (AMX, AVX512-BF16), "
                         "else fp32 (bf16 is emulated and far slower there)")

@@ -18,7 +18,8 @@ except ImportError:
 def decode_attention_reference(query, key, value, mask, scale, dropout=0.0, training=False):
     """The torch version of decode_attention: query (B, kv heads, group, d), key and value (B, kv heads, L, d),
     mask (B, 1, 1, L) bool (True = attend) or additive, or None; (B, kv heads, group, d) out. Two matmuls and
-    a softmax in fp32, as transformers' eager attention (on the CPU the faster path, BENCHMARKS.md)."""
+    a softmax in fp32, as transformers' eager attention (on the CPU the faster path; BENCHMARKS.md at 2b7c545
+    measured it the faster only on an H100, eager, before the Triton kernel)."""
     scores = torch.matmul(query, key.transpose(2, 3)) * scale
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
@@ -68,7 +69,8 @@ if triton is not None:
         (B, kv heads, L, d), mask (B, L) bool (True = attend) or None; (B, kv heads, group, d) out. Each
         program reads one key/value head of one row once, for its whole group (a Triton kernel; a torch op,
         so that torch.compile keeps it in the static cache's decoding step). 128 keys and 2 warps per block:
-        the fastest of 32-128 keys and 2-8 warps on an H100 (BENCHMARKS.md)."""
+        the fastest of 32-128 keys and 2-8 warps on an H100 (BENCHMARKS.md at 2b7c545 records only 64 keys
+        and 4 warps: 15-22% slower)."""
         B, H, G, d = query.shape
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
         m_b, m_n = mask.stride() if mask is not None else (0, 0)

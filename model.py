@@ -264,7 +264,8 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout=0.0,
     times whenever a padding mask is passed (5.17; 5.24 too under torch.compile), which bounds batched
     generation. On CUDA with Triton the kernel fused_kernels.decode_attention computes it, eager and
     compiled; elsewhere SDPA when compiled and its torch reference (two matmuls and a softmax, as
-    transformers' eager attention) when not, each the faster there (BENCHMARKS.md). Equal greedy answers:
+    transformers' eager attention) when not, each the faster there (BENCHMARKS.md at 2b7c545 measured
+    both on an H100 before the Triton kernel, not on the CPU). Equal greedy answers:
     tests/test_fused_kernels.py, tests/test_model.py, tests/test_bench.py (GPU)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     group = getattr(module, "num_key_value_groups", 1)
@@ -315,8 +316,8 @@ def load_model(name, dtype=torch.float32, device="cpu", trust_remote_code=False)
     if name.startswith("random:"):
         # No pad_token_id, so no padding_idx: the embedding would initialise that row to zeros, and the pad
         # token is a real one of the chat template. With <|im_start|>, which starts every sequence, as pad
-        # (the tokenizer of transformers 5.17's conversion), every training gradient of the 3B was NaN on an
-        # H100 (BENCHMARKS.md). Padding is masked, so no row needs to be zero.
+        # (the tokenizer of transformers 5.17's conversion), the 3B had NaN gradients at every training step on
+        # an H100 (BENCHMARKS.md at 2b7c545). Padding is masked, so no row needs to be zero.
         config = LlamaConfig(**RANDOM_CONFIGS[name.split(":", 1)[1]], bos_token_id=tokenizer.bos_token_id,
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=None)
         torch.manual_seed(0)
@@ -354,7 +355,7 @@ def _reserved_layer_class():
     class ReservedLayer(DynamicLayer):
         """A dynamic cache layer whose keys and values are views of buffers of `capacity` tokens: each
         step writes its token in place, where DynamicLayer concatenates the whole cache anew (20 of a
-        77 ms decoding step at batch 1024 on the 3B, BENCHMARKS.md). Past capacity it concatenates."""
+        77 ms decoding step at batch 1024 on the 3B, BENCHMARKS.md at 2b7c545). Past capacity it concatenates."""
 
         def __init__(self, capacity):
             super().__init__()
@@ -478,7 +479,7 @@ def with_parameters_in(module, dtype):
 def fuse_rms_norms(model):
     """Switch every RMSNorm that computes weight * x / rms(x) (transformers' Llama, Qwen2/3, Mistral form)
     to torch's F.rms_norm: on CUDA one fused kernel forward and one backward (aten._fused_rms_norm) in
-    place of eight and about twelve, in a step bound by kernel launches under FSDP (BENCHMARKS.md). The
+    place of eight and about twelve, in a step bound by kernel launches under FSDP (BENCHMARKS.md at 2b7c545). The
     same value in fp32; in bf16 rounded once where transformers rounds twice (x / rms(x), then the product).
     A class is switched only if its own forward matches on a random fp32 check, so other forms (Qwen3.5's
     x / rms(x) * (1 + weight)) keep theirs. Returns the number of modules switched."""
@@ -702,7 +703,7 @@ class Layout:
     the epoch's smaller last step must not compile a new graph); packed, it fills no rows but keeps two
     rows at least (a compiled block specialises on one). `lengths`: the (T, K) every batch is padded to for
     a whole model compiled for one shape (CUDA graphs); without it lengths are the batch's own, rounded up
-    to a multiple of 8 (BENCHMARKS.md: unaligned lengths ran attention on slow bmm kernels). `graphs`: a
+    to a multiple of 8 (BENCHMARKS.md at 2b7c545: unaligned lengths ran attention on slow bmm kernels). `graphs`: a
     GraphedForward that runs the packed rows' pass in place of packed_logits (a frozen model on a GPU).
     `graph_step`: each pass starts a new step of the compiled model's CUDA graphs (its previous outputs
     are done with)."""

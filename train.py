@@ -168,7 +168,7 @@ def fsdp_accumulate(model, last):
     """Gradient accumulation under FSDP: before the step's last forward pass the gathered parameters stay
     gathered after backward and the gradients stay on the rank (accumulated unsharded, in fp32), so a
     step costs one gradient reduce-scatter and no re-gather between micro-batches, not one of each per
-    micro-batch (2 GPUs at global batch 32 ran no faster than one: bench.py, BENCHMARKS.md). Memory:
+    micro-batch (2 GPUs at global batch 32 ran no faster than one: bench.py, BENCHMARKS.md at d3f2a50). Memory:
     one unsharded fp32 gradient and bf16 parameter copy per rank while a step accumulates."""
     model.set_requires_gradient_sync(last)
     model.set_reshard_after_backward(last)
@@ -179,7 +179,7 @@ def clip_grad_norm(params, max_norm):
     that is below 1 (a non-finite norm is returned for the caller to skip the update). FSDP2's gradients
     are DTensors sharded on their first dimension; their norm is taken from the local shards (squared,
     summed, one all-reduce over ranks) without DTensor's per-op dispatch (the host's clipping took 14 ms a
-    step under the profiler on 2 H200s with torch's, 8 ms with this; BENCHMARKS.md)."""
+    step under the profiler on 2 H200s with torch's, 8 ms with this; BENCHMARKS.md at 2b7c545)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
@@ -363,7 +363,7 @@ class StepSequences(torch.utils.data.Dataset):
     """Item `step`: this rank's loss micro-batches of that optimizer step (step_micro_batches) and their
     sequences (PairedTrainSet.views, every view, micro-batches in order). On a GPU a DataLoader worker
     process makes them ahead of the step: rendering and tokenizing a step's chat prompts takes about 20 ms
-    of the host, which bounds an FSDP step (BENCHMARKS.md)."""
+    of the host, which bounds an FSDP step (BENCHMARKS.md at 2b7c545)."""
 
     def __init__(self, trainset, views, retain, steps_per_epoch, global_batch, batch_size, rank, world):
         self.trainset, self.views, self.retain, self.steps_per_epoch = trainset, views, retain, steps_per_epoch
@@ -415,7 +415,8 @@ def make_plan(args, device, world):
     a plain dict (describe_plan prints it as one line). The step applies it through two seams, the
     layouts (model.Layout: how a pass's sequences become rows) and the gradient owner (Updates: how
     backward and the update run), and never asks which mode it is in. Each choice is measured in
-    BENCHMARKS.md and tested to give the computation without it."""
+    BENCHMARKS.md or in its earlier figures (BENCHMARKS.md at 2b7c545; the bf16 compute copy is only
+    profiled there), and tested to give the computation without it."""
     spec, cuda = losses.METHODS[args.method], device.type == "cuda"
     bf16 = choose_precision(args.precision, device)[0] == "bf16"
     # Several sequences per row (data.pack) where every layer is full attention, except under fixed-shape CUDA graphs.
@@ -592,7 +593,7 @@ class Trainer:
         """The model's layout and the frozen model's, one per output it returns (the plan's; made again when
         the rows per pass shrink). Compiled blocks or graphs: every view filled to the pass's rows, so that
         the epoch's short step runs at the batch size they compiled for (at its own, 1 or 2 rows, its first
-        run took 13 s on one H100 and 42 s per rank under FSDP on two: BENCHMARKS.md at 7d13905)."""
+        run took 13 s on one H100 and 42 s per rank under FSDP on two at 7d13905: BENCHMARKS.md at d3f2a50)."""
         fill, graphs = self.rows if self.args.compile else None, self.args.compile == "graphs"
         self.layout = Layout(self.pad_id, self.device, self.plan["pack"], fill, self.lengths, graph_step=graphs)
         self.ref_graphs = GraphedForward() if self.plan["ref_graphs"] else None

@@ -137,7 +137,8 @@ def test_topic_projection_counts_each_kind_of_step():
 def test_train_part_reports_skipped_updates(tmp_path, capsys):
     """A step whose gradient is not finite skips the optimizer (train.py), so its time is no training
     step's: bench says how many there were. An absurd learning rate makes the weights overflow after the
-    first update (the 3B random-weight model under --compile gave such steps on an H100: BENCHMARKS.md)."""
+    first update (the 3B random-weight model under --compile gave such steps on an H100: BENCHMARKS.md at
+    2b7c545)."""
     r = bench.bench_train("random:tiny", "graddiff", 6, 1, tmp_path,
                           ["--global-batch", "4", "--batch-size", "2", "--precision", "fp32", "--lr", "1e30"])
     log = [json.loads(l) for l in (tmp_path / "train_graddiff" / "log.jsonl").read_text().splitlines()]
