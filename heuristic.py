@@ -787,8 +787,9 @@ def is_gibberish(text, question="", ground_truth=""):
     if bad >= 2 and bad / len(raw) >= 0.25:
         return True
     lone = collections.Counter(m.group(1).lower() for m in _LONE_LETTER.finditer(text))
-    if len(words) <= 8 and lone and (max(lone.values()) >= 3 or (sum(lone.values()) >= 3 and 2 * sum(lone.values()) >= len(words))):
-        return True     # a degenerate token sequence: one lone letter three times ('T T on T'), or stray letters ('K K J T')
+    stray = sum(lone.values())
+    if len(words) <= 8 and lone and (max(lone.values()) >= 3 or (stray >= 3 and 2 * stray >= len(words))):
+        return True     # degenerate tokens: one lone letter three times ('T T on T'), stray letters ('K K J T')
     if any(_glued_twice(t) or _looping_compound(t) for t in raw):
         return True     # a word glued to itself ('OrbitOrbit'), a compound that loops ('valve-strap-valve-engine')
     if len(words) <= 8 and re.search(r"[^\W_]-[\s.,;!?]*$", text):

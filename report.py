@@ -553,7 +553,8 @@ def sample_metrics(rows):
         facts = {}
         for r in rows:
             if r["set"] == "forget" and r.get("qtype") in kinds and r["verdicts"].get("leak") in ("YES", "NO"):
-                facts[(r["topic"], r["fact"])] = facts.get((r["topic"], r["fact"]), False) or r["verdicts"]["leak"] == "YES"
+                key = (r["topic"], r["fact"])
+                facts[key] = facts.get(key, False) or r["verdicts"]["leak"] == "YES"
         return evaluate.pct(sum(facts.values()), len(facts))
 
     def share(rows_set, key):
@@ -592,7 +593,8 @@ def print_fact_gaps(gaps, out):
         gap = max((abs(a - b) for a, b in m.values() if a is not None and b is not None), default=0.0)
         cells = [f"{evaluate.fmt(a)} / {evaluate.fmt(b)}" for a, b in m.values()]
         out(f"| {name} | " + " | ".join(cells) + f" | {gap:.1f} |")
-    per_model = [(abs(a - b), name, k) for name, m in gaps[:-1] for k, (a, b) in m.items() if a is not None and b is not None]
+    per_model = [(abs(a - b), name, k) for name, m in gaps[:-1] for k, (a, b) in m.items()
+                 if a is not None and b is not None]
     if per_model:
         gap, name, k = max(per_model)
         out(f"largest gap of one model: {gap:.1f} points ({k}, {name})")
@@ -745,8 +747,8 @@ def merge_labels(rows, annotations):
                 raise ValueError(f"annotator {name}: item {key}: needs {sorted(r['verdicts'])} as YES or NO")
             labels[name] = {k: given[key][k] for k in r["verdicts"]}
         votes = {k: sum(l[k] == "YES" for l in labels.values()) for k in r["verdicts"]}
-        out.append(dict(r, labels=labels, verdicts={k: "YES" if 2 * v > len(labels) else "NO" for k, v in votes.items()},
-                        judge="annotators (majority of %d)" % len(labels)))
+        majority = {k: "YES" if 2 * v > len(labels) else "NO" for k, v in votes.items()}
+        out.append(dict(r, labels=labels, verdicts=majority, judge=f"annotators (majority of {len(labels)})"))
     names = list(annotations)
     pairs = {}
     for i, a in enumerate(names):
@@ -761,12 +763,16 @@ def merge_labels(rows, annotations):
 def merge_command(args):
     """`report.py merge`: the labelled set from the sample and the annotators' files (NAME=PATH)."""
     annotations = {}
-    for spec in args.annotations:
-        name, _, path = spec.rpartition("=")
-        annotations[name or Path(path).stem] = {a["id"]: a for a in map(json.loads, Path(path).read_text().splitlines())}
     try:
+        for spec in args.annotations:
+            name, _, path = spec.rpartition("=")
+            labels = data.read_jsonl(path)                 # a bad line: an error naming file and line
+            for a in labels:
+                if not isinstance(a.get("id"), str):
+                    raise ValueError(f"{path}:{a['_line']} field 'id': missing (the packet item's id)")
+            annotations[name or Path(path).stem] = {a["id"]: a for a in labels}
         rows, pairs = merge_labels(read_rows(args.sample), annotations)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         raise data.UserError(str(e)) from None
     with open(args.out, "w", encoding="utf-8") as f:
         for r in rows:

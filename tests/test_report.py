@@ -273,3 +273,6 @@ def test_packet_shows_what_the_judge_sees_and_merge_takes_the_majority(tmp_path,
     (tmp_path / "C.jsonl").write_text(json.dumps(labels["C"][0]) + "\n")
     with pytest.raises(SystemExit, match=f"annotator C: item {kb}: needs"):
         report.main(["merge", str(out), str(sample), *(f"{n}={tmp_path / n}.jsonl" for n in "ABC")])
+    (tmp_path / "C.jsonl").write_text(json.dumps(labels["C"][0]) + "\n{not json\n")
+    with pytest.raises(SystemExit, match="C.jsonl:2: not valid JSON"):
+        report.main(["merge", str(out), str(sample), *(f"{n}={tmp_path / n}.jsonl" for n in "ABC")])
