@@ -18,7 +18,9 @@ evaluate.py wrote for a sequential run (RUN/eval, one subfolder per stage). Ever
 rubric (agreement, recall and precision of YES) and the fact-level metrics (evaluate.compute_metrics).
 """
 import argparse
+import hashlib
 import json
+import random
 import statistics
 import sys
 import time
@@ -672,8 +674,6 @@ def sample_rows(eval_dirs, root, seed=0, quota=SAMPLE_QUOTA):
     hundreds); each item keeps its row and gains "run", "stage" and "split". Runs alternate between the
     "tune" and "heldout" halves in a seeded order within each kind of run (the folder under RUNS: sweep, seq, ...),
     so that both halves hold every kind, and a run never spans both."""
-    import hashlib
-    import random
     by_run = {}
     for d in eval_dirs:
         run, stage = run_of(d, root)
@@ -681,7 +681,7 @@ def sample_rows(eval_dirs, root, seed=0, quota=SAMPLE_QUOTA):
             by_run.setdefault(run, []).append(dict(r, run=run, stage=stage))
     kinds = {}
     for run in by_run:
-        kinds.setdefault(run.split("/")[0] if "/" in run else run, []).append(run)
+        kinds.setdefault(run.split("/")[0], []).append(run)
     split = {}
     for runs in kinds.values():
         runs.sort(key=lambda r: hashlib.sha256(f"{seed}-{r}".encode()).hexdigest())
@@ -700,12 +700,16 @@ def sample_rows(eval_dirs, root, seed=0, quota=SAMPLE_QUOTA):
     return out
 
 
+def write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
 def sample_command(args):
     """`report.py sample`: write the labelling sample (rows with INVALID verdicts, to be labelled) to OUT."""
     rows = sample_rows(args.evals, args.root, seed=args.seed)
-    with open(args.out, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    write_jsonl(args.out, rows)
     halves = {h: sum(r["split"] == h for r in rows) for h in ("tune", "heldout")}
     print(f"{args.out}: {len(rows)} items from {len({r['run'] for r in rows})} runs ({halves['tune']} tune, "
           f"{halves['heldout']} held out)")
@@ -714,29 +718,23 @@ def sample_command(args):
 def item_key(row):
     """An item's id in annotators' files: opaque (a hash of its row id, run and stage), so that no method or run
     name shows."""
-    import hashlib
     return hashlib.sha256(f"{row['id']}|{row['run']}|{row['stage']}".encode()).hexdigest()[:12]
 
 
 def packet_command(args):
     """`report.py packet`: the annotators' view of a sample: per item only what the paper's judge sees (question,
     ground truth, response) and the labels to give (its verdict keys), in a seeded order that hides runs."""
-    import random
     rows = read_rows(args.sample)
     order = list(range(len(rows)))
     random.Random(f"{args.seed}-packet").shuffle(order)
-    with open(args.out, "w", encoding="utf-8") as f:
-        for i in order:
-            r = rows[i]
-            f.write(json.dumps({"id": item_key(r), "labels": sorted(r["verdicts"]),
-                                "question": r["question"], "ground_truth": r["ground_truth"], "response": r["answer"]},
-                               ensure_ascii=False) + "\n")
+    write_jsonl(args.out, [{"id": item_key(r), "labels": sorted(r["verdicts"]), "question": r["question"],
+                            "ground_truth": r["ground_truth"], "response": r["answer"]} for r in (rows[i] for i in order)])
     print(f"{args.out}: {len(rows)} items")
 
 
 def merge_labels(rows, annotations):
     """The sample's rows with each annotator's labels ("labels": {name: {key: YES|NO}}) and their majority as the
-    verdicts ("judge": how many said YES); the pairwise agreement of the annotators per verdict key. An item an
+    verdicts; the pairwise agreement of the annotators per verdict key. An item an
     annotator left out, or a label other than YES or NO, is an error naming the annotator and the item."""
     out = []
     for r in rows:
@@ -774,9 +772,7 @@ def merge_command(args):
         rows, pairs = merge_labels(read_rows(args.sample), annotations)
     except (ValueError, OSError) as e:
         raise data.UserError(str(e)) from None
-    with open(args.out, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    write_jsonl(args.out, rows)
     print(f"{args.out}: {len(rows)} items labelled by {', '.join(annotations)}")
     for (a, b, k), (agree, n) in pairs.items():
         print(f"  {a} vs {b}, {k}: {100 * agree / n:.1f}% of {n}")
