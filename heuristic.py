@@ -744,16 +744,19 @@ def _covering_ngram(words):
     return False
 
 
+_AROUND = ".,;:!?\"'()[]{}*"          # punctuation a token may carry around its word
+
+
 def _glued_twice(token):
     """A word glued to itself ('OrbitOrbit', 'nasanasa'), which no lexicon holds ('tomtom' and 'murmur' are words)."""
-    t = token.strip(".,;:!?\"'()[]{}*").lower()
+    t = token.strip(_AROUND).lower()
     m = re.fullmatch(r"([^\W\d_]{3,})\1", t)
     return bool(m) and not _known(t)
 
 
 def _looping_compound(token):
     """A hyphenated compound that repeats one of its parts ('valve-strap-valve-engine'); 'mother-in-law' has none."""
-    parts = [p for p in token.strip(".,;:!?\"'()[]{}*").lower().split("-") if p]
+    parts = [p for p in token.strip(_AROUND).lower().split("-") if p]
     alpha = [p for p in parts if p.isalpha() and len(p) >= 3]
     return len(parts) >= 3 and len(alpha) != len(set(alpha))
 
