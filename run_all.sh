@@ -36,6 +36,7 @@ SMALL_LR_FACTORS=${SMALL_LR_FACTORS:-"3 10 30"}         # block small: multiples
 SMALL_PARTS=${SMALL_PARTS:-"inject sweep seq"}          # block small: the parts to run, in order (resumable); also: lambda
 SMALL_PROMPT=${SMALL_PROMPT:-chat}                     # block small: answer format (the injection is chat)
 # SMALL_EVAL_EXTRA: more evaluate.py flags for the small blocks (a CPU smoke run: --limit 2 --judge rules)
+SMALL_EVAL="--judge heuristic --prompt-format $SMALL_PROMPT --batch-size 512 ${MMLU_FILE:+--mmlu-file $MMLU_FILE} ${SMALL_EVAL_EXTRA:-}"
 # block small: every training at the authors' loss micro-batch of 4 (relearning: train.py's default of 8, in the
 # same global batch of 32), deterministic, so that a rerun of any job gives the same rows (on the same kind of GPU)
 SMALL_TRAIN_ARGS=${SMALL_TRAIN_ARGS:---batch-size 4 --deterministic}
@@ -134,7 +135,6 @@ block_small() {
   # Resumable from the evaluations alone (a finished job is skipped by its metrics; weights need not be kept).
   local out=$RUNS/small m lr d flags
   SMALL_INJECTED=$out/injected/final
-  SMALL_EVAL="--judge heuristic --prompt-format $SMALL_PROMPT --batch-size 512 ${MMLU_FILE:+--mmlu-file $MMLU_FILE} ${SMALL_EVAL_EXTRA:-}"
   [ $DRY = 1 ] || { trap small_cleanup EXIT; mkdir -p "$out/sweep" "$out/seq"; }
   start_mps
   run python -c "import model; model.smollm2_folder()"      # convert the GGUF once, before several processes read it
@@ -146,11 +146,15 @@ block_small() {
   stop_mps
 }
 
+inject() {   # SmolLM2 fine-tuned on the four topics' relearning set $1 (inject or inject_train) into $2
+  run python train.py --method nll --relearn-set "$1" --model smollm2 --topics all --mode joint $SMALL_INJECT_ARGS \
+      --deterministic --out "$2"
+}
+
 small_inject() {   # the injected model; its evaluations and the base model's run beside the next parts
   local out=$1
   [ -f "$out/eval_base/metrics.json" ] || background bash -c "python evaluate.py smollm2 $SMALL_EVAL --skip rgq --out $out/eval_base > $out/eval_base.log 2>&1"
-  run python train.py --method nll --relearn-set inject --model smollm2 --topics all --mode joint $SMALL_INJECT_ARGS \
-      --deterministic --out "$out/injected"
+  inject inject "$out/injected"
   [ -f "$out/injected/eval/final/metrics.json" ] || background bash -c "python evaluate.py $out/injected $SMALL_EVAL --skip rgq > $out/injected/eval.log 2>&1"
   # the same knowledge asked in the authors' raw-text format
   [ -f "$out/eval_injected_paper/metrics.json" ] || background bash -c "python evaluate.py $out/injected ${SMALL_EVAL/--prompt-format $SMALL_PROMPT/--prompt-format paper} --skip mmlu rep rgq --out $out/eval_injected_paper > $out/eval_injected_paper.log 2>&1"
@@ -237,13 +241,11 @@ SMALL_ABL_PARTS=${SMALL_ABL_PARTS:-"inject runs"}
 
 block_small_ablations() {
   local out=$RUNS/small a d flags lr third line evals="base=$RUNS/small/seq/jensunpp-sequential/eval"
-  SMALL_EVAL="--judge heuristic --prompt-format $SMALL_PROMPT --batch-size 512 ${SMALL_EVAL_EXTRA:-}"
   [ $DRY = 1 ] || { trap small_cleanup EXIT; mkdir -p "$out/ablation"; }
   start_mps
   if [[ " $SMALL_ABL_PARTS " == *" inject "* ]]; then
     d=$out/injected_train
-    run python train.py --method nll --relearn-set inject_train --model smollm2 --topics all --mode joint $SMALL_INJECT_ARGS \
-        --deterministic --out "$d"
+    inject inject_train "$d"
     run python evaluate.py "$d" $SMALL_EVAL --skip mmlu rep rgq
   fi
   if [[ " $SMALL_ABL_PARTS " == *" runs "* ]]; then
