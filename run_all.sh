@@ -193,11 +193,23 @@ for m in '$SMALL_METHODS'.split():
   done | pool || echo "the block goes on with the methods that finished"
 }
 
+set_aside_if_stale() {   # run folder $1, trained at other settings than train.py flags $2.. (a changed pick), -> $1.stale
+  local d=$1; shift
+  [ $DRY = 0 ] && [ -f "$d/config.json" ] || return 1
+  [ "$(python -c "import json, sys
+trained = json.load(open(sys.argv[1]))['hparams']
+asked = {k[2:].replace('-', '_'): float(v) for k, v in zip(sys.argv[2::2], sys.argv[3::2])}
+print(any(abs(trained[k] - v) > 1e-9 * v for k, v in asked.items()))" "$d/config.json" "$@")" = True ] || return 1
+  echo "$d: trained at other settings than $*, set aside as $d.stale"
+  rm -rf "$d.stale"; mv "$d" "$d.stale"
+}
+
 small_seq() {   # sequential, joint and relearning runs at the picks, and the other methods' single runs, side by side
   local out=$1 m d flags lr lrs="" relearn_lr=HIGHEST_PICKED_LR seqs="" joints="" relearns=""
   local -A picked=()
-  for m in $SMALL_METHODS; do
-    flags=$(picked_flags "$out/sweep/$m.selected") || continue
+  for m in $SMALL_METHODS; do    # the sweep's pick, or run D's (SMALL_PICKS) where the sweep has not picked (yet)
+    [ -f "$out/sweep/$m.selected" ] || echo "block small: no pick of the sweep for $m, run D's: ${SMALL_PICKS[$m]}" >&2
+    flags=$(small_pick "$m") || continue
     picked[$m]=$flags; lr=${flags#--lr }; lrs+=" ${lr%% *}"
   done
   # The relearning attack's LR, by the paper's rule (appendix, relearning): at least the highest LR of the
@@ -208,6 +220,9 @@ small_seq() {   # sequential, joint and relearning runs at the picks, and the ot
       [ -n "${picked[$m]:-}" ] || continue
       flags="${picked[$m]} $SMALL_TRAIN_ARGS --print-every 60"
       d=$out/seq/$m
+      set_aside_if_stale "$d-sequential" ${picked[$m]} >&2 || true
+      if set_aside_if_stale "$d-joint" ${picked[$m]} >&2; then rm -rf "$d-relearn"
+      else set_aside_if_stale "$d-relearn" --lr "$relearn_lr" >&2 || true; fi
       echo "[ -f $d-sequential/eval/stages.md ] || { python train.py --method $m --model $SMALL_INJECTED --topics all --mode sequential $flags --out $d-sequential > $d-sequential.log 2>&1 && python evaluate.py $d-sequential $SMALL_EVAL --skip mmlu rep rgq >> $d-sequential.log 2>&1; }"
       echo "[ -f $d-relearn/eval/final/metrics.json ] || { { [ -f $d-joint/final/config.json ] || python train.py --method $m --model $SMALL_INJECTED --topics all --mode joint $flags --out $d-joint > $d-joint.log 2>&1; } && { [ -f $d-joint/eval/final/metrics.json ] || python evaluate.py $d-joint $SMALL_EVAL --skip mmlu rep rgq >> $d-joint.log 2>&1; } && python train.py --method nll --relearn-set retain_train --model $d-joint/final --topics all --mode joint --lr $relearn_lr $SMALL_RELEARN_ARGS --print-every 60 --out $d-relearn > $d-relearn.log 2>&1 && python evaluate.py $d-relearn $SMALL_EVAL --skip mmlu rep rgq >> $d-relearn.log 2>&1; }"
     done
@@ -249,7 +264,7 @@ block_small_ablations() {
     run python evaluate.py "$d" $SMALL_EVAL --skip mmlu rep rgq
   fi
   if [[ " $SMALL_ABL_PARTS " == *" runs "* ]]; then
-    flags=$(picked_flags "$out/sweep/jensunpp.selected")
+    flags=$(small_pick jensunpp)
     lr=${flags#--lr }; lr=${lr%% *}
     third=LR_THIRD
     [ $DRY = 1 ] || third=$(python -c "print('%.3g' % ($lr / 3))")

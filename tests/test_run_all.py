@@ -52,7 +52,8 @@ def test_small_block_parts():
     picks = [c for c in commands if c.startswith("+ python report.py table runs/small/sweep/")]
     assert [c.split("sweep/")[1].split(".md")[0] for c in picks] == ["graddiff", "jensun", "npo", "pdu", "jensunpp", "dpo"]
     seq = [c for c in commands if "runs/small/seq/" in c and "train.py" in c]
-    assert len(seq) == 12 and all("--lr LR_OF_runs/small/sweep/" in c for c in seq)
+    assert len(seq) == 12       # a dry run has no sweep picks: run D's (SMALL_PICKS) stand in
+    assert all("--method jensunpp" not in c or "--lr 9e-05 --lambda-f 2 --lambda-r 1 --batch-size 4" in c for c in seq)
     for c in seq:           # relearning attacks the joint model (the paper's relearning block)
         assert ("--relearn-set retain_train" in c) == ("--mode joint" in c)
         assert "--batch-size 4 --deterministic --print-every 60 --out" in c
@@ -76,13 +77,13 @@ def test_small_ablations_change_one_thing_each():
     lines = [l for l in dry_run("small", "small_ablations") if l.startswith("+ ")]
     baseline = next(c for c in lines if "runs/small/seq/jensunpp-sequential " in c and "train.py" in c)
     base_args = baseline.split("--mode sequential ")[1].split(" --out")[0]
-    assert base_args == "--lr LR_OF_runs/small/sweep/jensunpp.selected --batch-size 4 --deterministic --print-every 60"
+    assert base_args == "--lr 9e-05 --lambda-f 2 --lambda-r 1 --batch-size 4 --deterministic --print-every 60"
     runs = {c.split("jensunpp-")[1].split("/eval")[0]: c for c in lines if "runs/small/ablation/jensunpp-" in c and "train.py" in c}
     assert set(runs) == {"batch32", "lr_third", "seen_retain", "inject_train"}
     flags = {a: c.split("--mode sequential ")[1].split(" --print-every")[0] for a, c in runs.items()}
-    injected = "--model runs/small/injected/final --lr LR_OF_runs/small/sweep/jensunpp.selected --batch-size 4 --deterministic"
+    injected = "--model runs/small/injected/final --lr 9e-05 --lambda-f 2 --lambda-r 1 --batch-size 4 --deterministic"
     assert flags["batch32"] == injected + " --batch-size 32"
-    assert flags["lr_third"] == injected.replace("LR_OF_runs/small/sweep/jensunpp.selected", "LR_THIRD")
+    assert flags["lr_third"] == injected.replace("9e-05", "LR_THIRD")
     assert flags["seen_retain"] == injected + " --retain-scope seen"
     assert flags["inject_train"] == injected.replace("runs/small/injected/", "runs/small/injected_train/")
     inject = next(c for c in lines if "--relearn-set inject_train" in c)
@@ -165,3 +166,27 @@ def test_pool_runs_every_line_once_and_spreads_them_over_gpus(tmp_path):
     assert [(tmp_path / str(i)).read_text().strip() for i in range(5)] == [""] * 5
     out = run("0", "false\n")
     assert out.returncode != 0 and "pool: 1 command(s) failed" in out.stdout
+
+
+def test_a_run_trained_at_an_older_pick_is_set_aside(tmp_path):
+    """Block small's part seq may start at run D's picks before the sweep has picked (a resumed lease): a run
+    folder whose config.json records other settings than the pick is moved to FOLDER.stale, so that the
+    block trains it again instead of skipping it by its metrics; a run at the pick stays."""
+    script = (ROOT / "run_all.sh").read_text()
+    start = script.index("set_aside_if_stale() {")
+    function = script[start:script.index("\n}\n", start) + 3]
+    run = tmp_path / "jensunpp-sequential"
+    run.mkdir()
+    (run / "config.json").write_text('{"hparams": {"lr": 9e-05, "lambda_f": 2, "lambda_r": 1}}')
+
+    def set_aside(*flags):
+        return subprocess.run(["bash", "-c", f"DRY=0\n{function}\nset_aside_if_stale {run} {' '.join(flags)}"],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+    same = set_aside("--lr", "9e-05", "--lambda-f", "2", "--lambda-r", "1")
+    assert same.returncode == 1 and run.is_dir() and not (tmp_path / "jensunpp-sequential.stale").exists()
+    other = set_aside("--lr", "3e-05", "--lambda-f", "2", "--lambda-r", "1")
+    assert other.returncode == 0, other.stderr
+    assert not run.exists() and (tmp_path / "jensunpp-sequential.stale" / "config.json").is_file()
+    assert "set aside" in other.stdout
+    assert set_aside("--lr", "9e-05").returncode == 1          # no folder (any more): nothing to do
