@@ -50,6 +50,9 @@ BALANCE_EPS = 1e-5
 # Decoder blocks per FSDP group: a step under FSDP is bound by the host, and every group costs hooks, copies
 # and collectives; 4 blocks a group ran 2 H200s at 0.331 s/step against 0.380 with one (BENCHMARKS.md).
 BLOCKS_PER_GROUP = 4
+# Under a bf16 compute copy the update upcasts the bf16 gradients into fp32 this many bytes at a time, so
+# that no whole fp32 gradient exists (a 3B model's is 12.8 GB; issue 52's card is an 80 GB H100).
+OPTIMIZER_CHUNK_BYTES = 1 << 30
 MAX_SKIPPED_IN_A_ROW = 10   # non-finite gradients this many steps running stop the run: it is not training
 
 
@@ -618,6 +621,8 @@ class Trainer:
             with record_function("train::data"):
                 micro_batches, seqs = next(batches)
             report, lambda_r, tokens = self.step_with_retry(micro_batches, seqs, epoch, lambda_r)
+            if step == start:
+                print0(f"[{self.stage_name}] {memory_report(self)}")
             if self.log.end(step + 1, epoch, lr, report, tokens):          # --save-minutes have passed
                 self.checkpoint(step + 1, lambda_r.item())
                 self.log.last_save = time.time()
@@ -656,7 +661,7 @@ class Trainer:
                 for k, v in part_stats.items():
                     stats[k] = stats[k] + v * weight
         with record_function("train::clip"):
-            grad_norm = clip_grad_norm(self.updates.params, self.args.clip)
+            grad_norm = self.updates.clip(self.args.clip)
         report = self.log.statistics(stats, lambda_r, grad_norm)        # on their way to the host
         self.updates.step(grad_norm)                                     # skipped where the norm is not finite
         return report, lambda_r, tokens
@@ -734,10 +739,15 @@ class Trainer:
 class Updates:
     """Who owns the gradients and how an update is applied, decided once (the plan): the seam between the
     step and the compute copy. `model` holds the fp32 master weights (AdamW, checkpoints, export);
-    `compute` runs forward and backward: with a bf16 compute copy (one device) its gradients are added into
-    the masters' after every pass and it is refreshed from the masters after every step; else it is `model`.
-    Gradients live in preallocated buffers that backward adds into: the masters' under a compute copy, and
-    under --compile graphs the model's own, since a graph's output cannot be kept as .grad across passes.
+    `compute` runs forward and backward: with a bf16 compute copy (one device) it is refreshed from the
+    masters after every step; else it is `model`.
+    Under a compute copy no whole fp32 gradient exists in a step of one pass (the default): backward leaves
+    bf16 gradients on the copy, clip takes their norm in fp32, and step upcasts and scales them into the
+    masters' gradients OPTIMIZER_CHUNK_BYTES at a time, each chunk updated and freed before the next (the
+    same update as from whole fp32 gradients: the upcast is exact, the scale the same product). A step of
+    several passes sums them in fp32 buffers (each pass's bf16 gradients added in before the next backward),
+    as does every step under --compile graphs (a graph's outputs, the gradients too, are overwritten by the
+    next replay), there preallocated: the masters' buffers, or the model's own without a compute copy.
     Made after a checkpoint is loaded (DCP leaves an optimizer without state alone when grads exist)."""
 
     def __init__(self, model, compute, optimizer, plan):
@@ -745,28 +755,83 @@ class Updates:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.shadow = ([(m, c) for m, c in zip(model.parameters(), compute.parameters()) if m.requires_grad]
                        if compute is not model else [])
-        self.kept = [m for m, _ in self.shadow] or (self.params if plan["compile"] == "graphs" else [])
+        self.graphs = plan["compile"] == "graphs"
+        self.kept = self.params if self.graphs else []      # preallocated fp32 buffers that backward adds into
+        self.scale = None                                   # clip's factor, applied as step upcasts (one pass)
+        self.grad_bytes = 0                                 # gradient bytes at the first step's clip (memory_report)
         copy_masters(self.shadow)
         for m in self.kept:
             m.grad = torch.zeros_like(m)
 
     def backward(self, loss):
+        if self.pending():          # a step's second pass: the first's gradients summed in fp32 from now on
+            self.fold()
         loss.backward()
-        if self.shadow:
-            used = [(m, c) for m, c in self.shadow if c.grad is not None]
-            torch._foreach_add_([m.grad for m, _ in used], [c.grad for _, c in used])
-            self.compute.zero_grad(set_to_none=True)
+        if self.shadow and self.graphs:
+            self.fold()
+
+    def pending(self):
+        """Whether bf16 gradients wait on the compute copy (a compute copy's pass, not yet folded)."""
+        return bool(self.shadow) and any(c.grad is not None for _, c in self.shadow)
+
+    def fold(self):
+        """Add the compute copy's bf16 gradients into the masters' fp32 ones (zeros where missing), drop them."""
+        for m, _ in self.shadow:
+            if m.grad is None:
+                m.grad = torch.zeros_like(m)
+        used = [(m, c) for m, c in self.shadow if c.grad is not None]
+        torch._foreach_add_([m.grad for m, _ in used], [c.grad for _, c in used])
+        self.compute.zero_grad(set_to_none=True)
+
+    def clip(self, max_norm):
+        """clip_grad_norm over the step's gradients; returns the norm. Gradients still on the compute copy
+        (a step of one pass) are not scaled here but as step upcasts them."""
+        if self.pending() and any(m.grad is not None for m, _ in self.shadow):
+            self.fold()             # the last pass of several joins the fp32 sum
+        if not self.grad_bytes:     # the first step's (memory_report)
+            held = [p.grad for p in self.params] + [c.grad for _, c in self.shadow]
+            self.grad_bytes = sum(local_tensor(g).numel() * g.element_size() for g in held if g is not None)
+        if not self.pending():
+            return clip_grad_norm(self.params, max_norm)
+        grads = [c.grad for _, c in self.shadow if c.grad is not None]
+        norm = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).square().sum().sqrt()
+        self.scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        return norm
 
     def step(self, grad_norm):
         """AdamW's update unless the gradient norm is not finite (never let one bad batch poison the
         weights), clean gradients, and the compute copy refreshed."""
         if self.on_device:                  # decided on the device: fused AdamW skips where found_inf is 1
             self.optimizer.found_inf = (~torch.isfinite(grad_norm)).float()
-            self.optimizer.step()
-        elif math.isfinite(grad_norm.item()):
-            self.optimizer.step()
+        if self.on_device or math.isfinite(grad_norm.item()):
+            if self.pending():
+                self.step_in_chunks()
+            else:
+                self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=not self.kept)
+        if self.shadow:
+            self.compute.zero_grad(set_to_none=True)
+        self.scale = None
         copy_masters(self.shadow)
+
+    def step_in_chunks(self):
+        """The update from the compute copy's bf16 gradients, about OPTIMIZER_CHUNK_BYTES of fp32 gradients at
+        a time (a master whose copy got no gradient gets zeros, as a summed buffer would hold): AdamW updates
+        only the parameters that have a gradient, so each call updates one chunk."""
+        chunks, size = [[]], 0
+        for m, c in self.shadow:
+            if chunks[-1] and size + 4 * m.numel() > OPTIMIZER_CHUNK_BYTES:
+                chunks.append([])
+                size = 0
+            chunks[-1].append((m, c))
+            size += 4 * m.numel()
+        for chunk in chunks:
+            for m, c in chunk:
+                m.grad = c.grad.float().mul_(self.scale) if c.grad is not None else torch.zeros_like(m)
+                c.grad = None
+            self.optimizer.step()
+            for m, _ in chunk:
+                m.grad = None
 
     def discard(self):
         """Drop the gradients of a step that failed (out of memory), to redo it."""
@@ -776,6 +841,7 @@ class Updates:
             m.grad.zero_()
         if not self.kept:
             self.model.zero_grad(set_to_none=True)
+        self.scale = None
 
 
 def copy_masters(shadow):
@@ -906,6 +972,29 @@ class StepReport:
         if self.ready is not None:
             self.ready.synchronize()
         return dict(zip(self.names, self.host.tolist()))
+
+
+def memory_report(trainer):
+    """Where this rank's memory goes, after the stage's first step (GiB): what lives all run (fp32 masters,
+    AdamW's two moments, the bf16 compute copy, the frozen model), the gradient bytes held when the step
+    clipped (Updates.clip), and the peak; the rest of the peak is activations, logits and workspace."""
+    def gib(tensors):
+        return sum(local_tensor(t).numel() * t.element_size() for t in tensors) / 2**30
+
+    parts = {"masters": gib(trainer.model.parameters()),
+             "optimizer": gib(v for state in trainer.optimizer.state.values() for v in state.values()
+                              if torch.is_tensor(v) and v.dim() > 0),
+             "compute copy": gib(trainer.compute.parameters()) if trainer.compute is not trainer.model else 0.0,
+             "frozen model": gib(trainer.ref.parameters()) if trainer.ref is not None else 0.0,
+             "gradients": trainer.updates.grad_bytes / 2**30}
+    peak = peak_memory_gb(trainer.device)
+    where = "GPU peak" if trainer.device.type == "cuda" else "process peak RSS"
+    return ("memory (GiB): " + ", ".join(f"{k} {v:.3g}" for k, v in parts.items())
+            + f"; {where} {peak:.3g}, of which the rest {peak - sum(parts.values()):.3g}")
+
+
+def local_tensor(t):
+    return t.to_local() if isinstance(t, torch.distributed.tensor.DTensor) else t
 
 
 def peak_memory_gb(device):

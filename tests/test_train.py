@@ -7,6 +7,8 @@ the refusal, the model family and its hyperparameters, the ablation flags, and a
 import json
 import math
 import os
+import copy
+import re
 import shutil
 import subprocess
 import sys
@@ -304,6 +306,80 @@ def test_bf16_compute_copy_keeps_fp32_masters_and_resumes(tiny_model_path, tmp_p
     resumed = weights(tmp_path / "killed" / "final")
     for k in after:
         assert torch.equal(after[k], resumed[k]), k
+
+
+def test_compute_copy_updates_in_chunks_as_from_whole_fp32_gradients(tiny_model_path, monkeypatch):
+    """Under a bf16 compute copy a step of one pass never holds a whole fp32 gradient: after backward the
+    masters have none, and the update upcasts the bf16 gradients chunk by chunk (each optimizer call sees at
+    most OPTIMIZER_CHUNK_BYTES of them). It is the update of the earlier way (every bf16 gradient added into
+    zeroed fp32 buffers, clipped, one AdamW call), clipping active; so is a step of two passes, which sums
+    them in fp32. The norms agree to fp32 rounding (bf16 gradients' norm taken in fp32 against their upcast)."""
+    from model import with_parameters_in
+    ids = [torch.tensor([[1, 5, 9, 14, 3, 7, 2, 8] * 3]), torch.tensor([[4, 2, 11, 6, 9, 1] * 4])]
+
+    def setup():
+        model, _ = load_model(tiny_model_path)
+        compute = with_parameters_in(copy.deepcopy(model), torch.bfloat16)
+        return model, compute, train.build_optimizer(model, 1e-3, 0.01, fused=False)
+
+    def loss(compute, x):
+        return compute(input_ids=x).logits.float().log_softmax(-1)[0, :-1].gather(-1, x[0, 1:, None]).mean()
+
+    monkeypatch.setattr(train, "OPTIMIZER_CHUNK_BYTES", 40_000)        # several chunks for this tiny model
+    largest = max(4 * p.numel() for p in load_model(tiny_model_path)[0].parameters())
+    for passes in (ids[:1], ids):
+        model, compute, optimizer = setup()
+        updates = train.Updates(model, compute, optimizer, {"gpu": False, "compile": None})
+        seen, given, step = [], {}, optimizer.step        # per call: fp32 gradient bytes; the gradients given
+
+        def recording_step():
+            seen.append(sum(4 * p.numel() for p in model.parameters() if p.grad is not None))
+            given.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+            step()
+        monkeypatch.setattr(optimizer, "step", recording_step)
+        for x in passes:
+            updates.backward(loss(compute, x))
+        assert all(p.grad is None for p in model.parameters()) == (len(passes) == 1)
+        norm = updates.clip(0.05)
+        updates.step(norm)
+        if len(passes) == 1:
+            assert len(seen) > 1 and max(seen) <= max(40_000, largest), seen
+        ref_model, ref_compute, ref_optimizer = setup()
+        for p in ref_model.parameters():
+            p.grad = torch.zeros_like(p)
+        for x in passes:
+            loss(ref_compute, x).backward()
+            for m, c in zip(ref_model.parameters(), ref_compute.parameters()):
+                m.grad += c.grad
+            ref_compute.zero_grad(set_to_none=True)
+        ref_norm = train.clip_grad_norm(list(ref_model.parameters()), 0.05)
+        assert ref_norm > 0.05 and norm.item() == pytest.approx(ref_norm.item(), rel=1e-6)
+        ref_optimizer.step()
+        assert len(given) == len(list(model.parameters()))
+        for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+            assert torch.allclose(given[name], q.grad, rtol=1e-6, atol=0), name        # clipped alike
+            assert torch.allclose(p, q, rtol=0, atol=1e-7), name
+        assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), setup()[0].parameters()))
+        assert all(torch.equal(c, p.bfloat16()) for c, p in zip(compute.parameters(), model.parameters()))
+
+
+def test_memory_report_names_where_the_memory_goes(tiny_model_path, tmp_path, capsys):
+    """The first step prints the memory line: fp32 masters, AdamW's two fp32 moments (twice the masters), the
+    bf16 compute copy and frozen model (half the masters each) and, under the compute copy, gradients the
+    size of the copy's (bf16: no whole fp32 gradient); in fp32 the gradients are the masters' size."""
+    def report(*flags):
+        capsys.readouterr()
+        run(tiny_model_path, tmp_path / flags[-1], "jensunpp", "--max-steps", "1", "--global-batch", "4", *flags)
+        line = next(l for l in capsys.readouterr().out.splitlines() if "memory (GiB):" in l)
+        return {k.strip(): float(v) for k, v in re.findall(r"([a-z][a-z ]+) (-?[0-9.e+-]+)", line.split(":", 1)[1])}
+
+    bf16 = report("--precision", "bf16")       # three significant digits printed
+    assert bf16["masters"] > 0 and bf16["optimizer"] == pytest.approx(2 * bf16["masters"], rel=0.01)
+    for part in ("compute copy", "frozen model", "gradients"):
+        assert bf16[part] == pytest.approx(bf16["masters"] / 2, rel=0.01), part
+    fp32 = report("--precision", "fp32")
+    assert fp32["compute copy"] == 0 and fp32["gradients"] == pytest.approx(fp32["masters"], rel=0.01)
+    assert fp32["frozen model"] == pytest.approx(fp32["masters"], rel=0.01)
 
 
 def test_bf16_copies_keep_the_models_rotary_frequencies(tiny_model_path):
