@@ -621,7 +621,7 @@ class Trainer:
             with record_function("train::data"):
                 micro_batches, seqs = next(batches)
             report, lambda_r, tokens = self.step_with_retry(micro_batches, seqs, epoch, lambda_r)
-            if step == start:
+            if step == min(start + 1, self.total - 1):     # the second step: the first makes AdamW's moments late
                 print0(f"[{self.stage_name}] {memory_report(self)}")
             if self.log.end(step + 1, epoch, lr, report, tokens):          # --save-minutes have passed
                 self.checkpoint(step + 1, lambda_r.item())
