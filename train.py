@@ -804,10 +804,14 @@ class Updates:
         if self.on_device:                  # decided on the device: fused AdamW skips where found_inf is 1
             self.optimizer.found_inf = (~torch.isfinite(grad_norm)).float()
         if self.on_device or math.isfinite(grad_norm.item()):
-            if self.pending():
-                self.step_in_chunks()
-            else:
-                self.optimizer.step()
+            try:
+                if self.pending():
+                    self.step_in_chunks()
+                else:
+                    self.optimizer.step()
+            except torch.OutOfMemoryError as e:   # not to be retried: chunks updated before it would be again
+                raise RuntimeError("out of memory in the optimizer's update (after the forward and backward "
+                                   "passes); run with fewer --physical-batch rows") from e
         self.optimizer.zero_grad(set_to_none=not self.kept)
         if self.shadow:
             self.compute.zero_grad(set_to_none=True)

@@ -313,7 +313,9 @@ def test_compute_copy_updates_in_chunks_as_from_whole_fp32_gradients(tiny_model_
     masters have none, and the update upcasts the bf16 gradients chunk by chunk (each optimizer call sees at
     most OPTIMIZER_CHUNK_BYTES of them). It is the update of the earlier way (every bf16 gradient added into
     zeroed fp32 buffers, clipped, one AdamW call), clipping active; so is a step of two passes, which sums
-    them in fp32. The norms agree to fp32 rounding (bf16 gradients' norm taken in fp32 against their upcast)."""
+    them in fp32. The norms agree to fp32 rounding (bf16 gradients' norm taken in fp32 against their upcast).
+    Running out of memory in the update is an error, not a pass to redo at fewer rows (chunks done would
+    be updated twice)."""
     from model import with_parameters_in
     ids = [torch.tensor([[1, 5, 9, 14, 3, 7, 2, 8] * 3]), torch.tensor([[4, 2, 11, 6, 9, 1] * 4])]
 
@@ -361,6 +363,15 @@ def test_compute_copy_updates_in_chunks_as_from_whole_fp32_gradients(tiny_model_
             assert torch.allclose(p, q, rtol=0, atol=1e-7), name
         assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), setup()[0].parameters()))
         assert all(torch.equal(c, p.bfloat16()) for c, p in zip(compute.parameters(), model.parameters()))
+    # running out of memory in the update (some chunks already updated) is no pass's: never redone at fewer rows
+    updates.backward(loss(compute, ids[0]))
+
+    def out_of_memory():
+        raise torch.OutOfMemoryError("test")
+    monkeypatch.setattr(optimizer, "step", out_of_memory)
+    with pytest.raises(RuntimeError, match="out of memory in the optimizer's update") as e:
+        updates.step(updates.clip(0.05))
+    assert not isinstance(e.value, torch.OutOfMemoryError)
 
 
 def test_memory_report_names_where_the_memory_goes(tiny_model_path, tmp_path, capsys):
