@@ -19,6 +19,7 @@ A killed run restarted with the same command continues from its last checkpoint.
 import argparse
 import collections
 import copy
+import functools
 import json
 import math
 import os
@@ -32,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.tensor
+import torch.utils.checkpoint
 from torch.profiler import record_function
 
 import data
@@ -441,7 +443,7 @@ def make_plan(args, device, world):
             "rows": args.physical_batch, "shrink": args.physical_auto and world == 1,
             # on a GPU a worker process makes the batches, the statistics reach the host a step late and a
             # non-finite gradient skips the update on the device: the host never waits for the GPU mid-run
-            "gpu": cuda, "world": world, "regather": args.fsdp_regather}
+            "gpu": cuda, "world": world, "regather": args.fsdp_regather, "recompute": args.recompute_blocks}
 
 
 def describe_plan(plan):
@@ -455,7 +457,7 @@ def describe_plan(plan):
              (f"packed rows ({'sdpa mem-efficient' if plan['attention'] == 'sdpa' else 'eager'} attention)"
               if plan["pack"] else "left-padded rows (eager attention)"),
              f"{plan['rows']} rows per pass" + (" (halved if memory runs out)" if plan["shrink"] else ""),
-             compiled, frozen,
+             compiled + (f", {plan['recompute']} blocks recomputed in backward" if plan["recompute"] else ""), frozen,
              ("fused rmsnorm+rotary" if plan["gpu"] else "fused rmsnorm") if plan["fused"] else "no fused kernels",
              ("data worker, statistics a step late, non-finite gradients skipped on the device" if plan["gpu"]
               else "data in this process, non-finite gradients skipped on the host"),
@@ -495,8 +497,17 @@ def build_models(args, plan, spec, hp, model_path, device, world):
         model = shard_model(model.to(device), device, plan["bf16"], plan["regather"])
     compute = with_parameters_in(copy.deepcopy(model), torch.bfloat16) if plan["compute_copy"] else model
     compute.train()
+    recompute_blocks(compute, plan["recompute"])
     compile_models(plan["compile"], spec, compute, ref)
     return model, compute, ref, tokenizer, config
+
+
+def recompute_blocks(model, n):
+    """--recompute-blocks N: the first N decoder blocks save only their input for backward, which runs their
+    forward again (torch.utils.checkpoint, non-reentrant; module hooks such as RMU's stay outside it). A 3B
+    JensUn++ pass of 32 rows holds about 20 GiB of activations on an H100 (BENCHMARKS.md), mostly the blocks'."""
+    for block in decoder_layers(model)[:n]:
+        block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)
 
 
 def compile_models(mode, spec, compute, ref):
@@ -1103,6 +1114,9 @@ def add_run_and_speed_flags(p):
                    help="left-pad every sequence to the pass's longest instead of packing several into a row "
                         "(model.packable: models whose every layer is full attention pack; the same losses up to "
                         "rounding, fewer padded positions)")
+    p.add_argument("--recompute-blocks", type=int, default=0, metavar="N",
+                   help="memory: the first N decoder blocks keep only their input for backward and run their forward "
+                        "again there (activation checkpointing; the same gradients, slower); one device, eager")
     p.add_argument("--fsdp-regather", action="store_true",
                    help="under FSDP, gather each group's parameters again for its backward instead of keeping them "
                         "from its forward (less memory, slower)")
@@ -1142,6 +1156,8 @@ def resolve_args(args):
         raise data.UserError("--retain-scope seen is for --mode sequential (a joint run's retain set holds every topic)")
     if args.compile == "graphs" and world > 1:
         raise data.UserError("--compile graphs runs on one GPU; under torchrun (FSDP) use --compile blocks")
+    if args.recompute_blocks < 0 or (args.recompute_blocks and (world > 1 or args.compile)):
+        raise data.UserError("--recompute-blocks N: N >= 0, on one device without --compile (the only way it is tested)")
     return args
 
 

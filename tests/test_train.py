@@ -159,6 +159,27 @@ def test_packed_rows_give_the_gradients_of_left_padding(tiny_model_path, tmp_pat
         assert len(alphas_packed) == 4 and any(a != 1.0 for a in alphas_packed)
 
 
+@pytest.mark.parametrize("method", ["jensunpp", "rmu"])
+def test_recomputed_blocks_give_the_same_gradients(tiny_model_path, tmp_path, method, capsys):
+    """--recompute-blocks (activation checkpointing of the first blocks) changes memory, not the step: the
+    gradients and JensUn++'s alphas of a fourth step equal those of the default (fp32), also for RMU, whose
+    loss reads a block's output through a forward hook; the plan line names it."""
+    kept, alphas_kept = last_step(tiny_model_path, tmp_path / "kept", method, 16)
+    capsys.readouterr()
+    calls, checkpoint = [], torch.utils.checkpoint.checkpoint
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch.utils.checkpoint, "checkpoint", lambda *a, **k: calls.append(1) or checkpoint(*a, **k))
+        again, alphas_again = last_step(tiny_model_path, tmp_path / "again", method, 16, 4, 4, "--recompute-blocks", "2")
+    assert "2 blocks recomputed in backward" in capsys.readouterr().out and len(calls) >= 2 * 4
+    assert alphas_again == pytest.approx(alphas_kept, rel=1e-6)
+    assert any(g.norm() > 0 for g in kept)
+    for a, b in zip(again, kept):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-12)
+    with pytest.raises(data.UserError, match="--recompute-blocks"):
+        train.resolve_args(train.parse_args(["--method", method, "--model", tiny_model_path,
+                                             "--recompute-blocks", "1", "--compile"]))
+
+
 @pytest.mark.parametrize("method", ["npo", "dpo", "rmu", "undial"])
 def test_every_frozen_model_output_splits_by_micro_batch(tiny_model_path, tmp_path, method):
     """The frozen model's outputs (NPO's and DPO's sequence scores, RMU's hooked hidden states, UNDIAL's
