@@ -129,9 +129,10 @@ block_small() {
   # forget wordings, train and eval, and the retain rows). On that model, part `sweep` unlearns Challenger
   # with each of $SMALL_METHODS at three learning rates (its Llama LR x $SMALL_LR_FACTORS) and picks by
   # report.py's rule (among runs with Q_All <= 10 and Gib <= 5 the highest Retain); part `seq` runs them
-  # sequentially over the four topics and jointly, attacks the joint models by relearning (the paper's
-  # relearning block), and gives each of $SMALL_OTHERS one single-topic run at its pick (SMALL_PICKS), side
-  # by side. Heuristic judge; answers in $SMALL_PROMPT format (the injected knowledge is the chat format's).
+  # sequentially over the four topics and jointly at those picks (run D's, SMALL_PICKS, where the sweep has
+  # not picked; a run made at another pick is set aside and made again), attacks the joint models by
+  # relearning (the paper's relearning block), and gives each of $SMALL_OTHERS one single-topic run at its
+  # pick (SMALL_PICKS), side by side. Heuristic judge; answers in $SMALL_PROMPT format (the injected knowledge is the chat format's).
   # Resumable from the evaluations alone (a finished job is skipped by its metrics; weights need not be kept).
   local out=$RUNS/small m lr d flags
   SMALL_INJECTED=$out/injected/final
