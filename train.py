@@ -990,7 +990,7 @@ class StepReport:
 
 
 def memory_report(trainer):
-    """Where this rank's memory goes, after the stage's first step (GiB): what lives all run (fp32 masters,
+    """Where this rank's memory goes, after the stage's second step (GiB): what lives all run (fp32 masters,
     AdamW's two moments, the bf16 compute copy, the frozen model), the gradient bytes held when the step
     clipped (Updates.clip), and the peak; the rest of the peak is activations, logits and workspace."""
     def gib(tensors):
