@@ -132,7 +132,8 @@ block_small() {
   # sequentially over the four topics and jointly at those picks (run D's, SMALL_PICKS, where the sweep has
   # not picked; a run made at another pick is set aside and made again), attacks the joint models by
   # relearning (the paper's relearning block), and gives each of $SMALL_OTHERS one single-topic run at its
-  # pick (SMALL_PICKS), side by side. Heuristic judge; answers in $SMALL_PROMPT format (the injected knowledge is the chat format's).
+  # pick (SMALL_PICKS), side by side. Heuristic judge; answers in $SMALL_PROMPT format (the injected knowledge
+  # is the chat format's).
   # Resumable from the evaluations alone (a finished job is skipped by its metrics; weights need not be kept).
   local out=$RUNS/small m lr d flags
   SMALL_INJECTED=$out/injected/final

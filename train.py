@@ -191,7 +191,7 @@ def clip_grad_norm(params, max_norm):
     sharded = [g for g in grads if isinstance(g, torch.distributed.tensor.DTensor)]
     if any(not placement.is_shard() for g in sharded for placement in g.placements):
         raise ValueError("clip_grad_norm: a DTensor gradient is not sharded (FSDP2 shards every parameter)")
-    local = [g.to_local() if isinstance(g, torch.distributed.tensor.DTensor) else g for g in grads]
+    local = [local_tensor(g) for g in grads]
     total = torch.stack(torch._foreach_norm(local)).float().square().sum()
     if sharded:
         dist.all_reduce(total)
@@ -770,6 +770,7 @@ class Updates:
         self.kept = self.params if self.graphs else []      # preallocated fp32 buffers that backward adds into
         self.scale = None                                   # clip's factor, applied as step upcasts (one pass)
         self.grad_bytes = 0                                 # gradient bytes at the first step's clip (memory_report)
+        self.chunks = chunked(self.shadow, OPTIMIZER_CHUNK_BYTES)  # step_in_chunks' AdamW calls
         copy_masters(self.shadow)
         for m in self.kept:
             m.grad = torch.zeros_like(m)
@@ -800,8 +801,7 @@ class Updates:
         if self.pending() and any(m.grad is not None for m, _ in self.shadow):
             self.fold()             # the last pass of several joins the fp32 sum
         if not self.grad_bytes:     # the first step's (memory_report)
-            held = [p.grad for p in self.params] + [c.grad for _, c in self.shadow]
-            self.grad_bytes = sum(local_tensor(g).numel() * g.element_size() for g in held if g is not None)
+            self.grad_bytes = local_bytes([p.grad for p in self.params] + [c.grad for _, c in self.shadow])
         if not self.pending():
             return clip_grad_norm(self.params, max_norm)
         grads = [c.grad for _, c in self.shadow if c.grad is not None]
@@ -830,17 +830,10 @@ class Updates:
         copy_masters(self.shadow)
 
     def step_in_chunks(self):
-        """The update from the compute copy's bf16 gradients, about OPTIMIZER_CHUNK_BYTES of fp32 gradients at
-        a time (a master whose copy got no gradient gets zeros, as a summed buffer would hold): AdamW updates
-        only the parameters that have a gradient, so each call updates one chunk."""
-        chunks, size = [[]], 0
-        for m, c in self.shadow:
-            if chunks[-1] and size + 4 * m.numel() > OPTIMIZER_CHUNK_BYTES:
-                chunks.append([])
-                size = 0
-            chunks[-1].append((m, c))
-            size += 4 * m.numel()
-        for chunk in chunks:
+        """The update from the compute copy's bf16 gradients, one chunk of fp32 gradients at a time (a master
+        whose copy got no gradient gets zeros, as a summed buffer would hold): AdamW updates only the
+        parameters that have a gradient, so each call updates one chunk."""
+        for chunk in self.chunks:
             for m, c in chunk:
                 m.grad = c.grad.float().mul_(self.scale) if c.grad is not None else torch.zeros_like(m)
                 c.grad = None
@@ -857,6 +850,19 @@ class Updates:
         if not self.kept:
             self.model.zero_grad(set_to_none=True)
         self.scale = None
+
+
+def chunked(shadow, max_bytes):
+    """The (master, copy) pairs in consecutive chunks of at most `max_bytes` of fp32 gradients (a larger
+    parameter alone)."""
+    chunks, size = [], 0
+    for m, c in shadow:
+        if not chunks or size + 4 * m.numel() > max_bytes:
+            chunks.append([])
+            size = 0
+        chunks[-1].append((m, c))
+        size += 4 * m.numel()
+    return chunks
 
 
 def copy_masters(shadow):
@@ -994,7 +1000,7 @@ def memory_report(trainer):
     AdamW's two moments, the bf16 compute copy, the frozen model), the gradient bytes held when the step
     clipped (Updates.clip), and the peak; the rest of the peak is activations, logits and workspace."""
     def gib(tensors):
-        return sum(local_tensor(t).numel() * t.element_size() for t in tensors) / 2**30
+        return local_bytes(tensors) / 2**30
 
     parts = {"masters": gib(trainer.model.parameters()),
              "optimizer": gib(v for state in trainer.optimizer.state.values() for v in state.values()
@@ -1010,6 +1016,11 @@ def memory_report(trainer):
 
 def local_tensor(t):
     return t.to_local() if isinstance(t, torch.distributed.tensor.DTensor) else t
+
+
+def local_bytes(tensors):
+    """Bytes of this rank's part of `tensors` (a DTensor's local shard; None left out)."""
+    return sum(local_tensor(t).numel() * t.element_size() for t in tensors if t is not None)
 
 
 def peak_memory_gb(device):
