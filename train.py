@@ -55,6 +55,10 @@ BLOCKS_PER_GROUP = 4
 # Under a bf16 compute copy the update upcasts the bf16 gradients into fp32 this many bytes at a time, so
 # that no whole fp32 gradient exists (a 3B model's is 12.8 GB; issue 52's card is an 80 GB H100).
 OPTIMIZER_CHUNK_BYTES = 1 << 30
+# --recompute-blocks auto plans a step's peak to fit this share of the GPU (issue 52: at most 64 of an H100's 80),
+# leaving WORKSPACE_BYTES of it for what no pass saves: the frozen model's CUDA graph pools, cuBLAS, allocator slack.
+MEMORY_SHARE = 0.8
+WORKSPACE_BYTES = 2 << 30
 MAX_SKIPPED_IN_A_ROW = 10   # non-finite gradients this many steps running stop the run: it is not training
 
 
@@ -387,12 +391,16 @@ def as_is(item):
     return item
 
 
+def step_dataset(trainer):
+    args = trainer.args
+    return StepSequences(trainer.trainset, trainer.spec["views"], trainer.needs_retain, trainer.steps_per_epoch,
+                         args.global_batch, args.batch_size, trainer.rank, trainer.world)
+
+
 def step_sequences(trainer, start):
     """StepSequences from `start` to the stage's end, made one worker process ahead on a GPU (in this
     process on a CPU, where the worker would compete with the training for the cores)."""
-    args = trainer.args
-    dataset = StepSequences(trainer.trainset, trainer.spec["views"], trainer.needs_retain, trainer.steps_per_epoch,
-                            args.global_batch, args.batch_size, trainer.rank, trainer.world)
+    dataset = step_dataset(trainer)
     worker = trainer.plan["gpu"]                 # on a GPU (make_plan)
     if worker:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")    # the forked worker tokenizes alone
@@ -443,13 +451,21 @@ def make_plan(args, device, world):
             "rows": args.physical_batch, "shrink": args.physical_auto and world == 1,
             # on a GPU a worker process makes the batches, the statistics reach the host a step late and a
             # non-finite gradient skips the update on the device: the host never waits for the GPU mid-run
-            "gpu": cuda, "world": world, "regather": args.fsdp_regather, "recompute": args.recompute_blocks}
+            "gpu": cuda, "world": world, "regather": args.fsdp_regather,
+            # --recompute-blocks auto: sized before step 1 (size_recompute) on one device in eager mode, for a
+            # peak of --memory-gib, else MEMORY_SHARE of the GPU; on a CPU without --memory-gib nothing is sized
+            "recompute": args.recompute_blocks if args.recompute_blocks != "auto" else "auto" if (
+                world == 1 and not args.compile and (cuda or args.memory_gib)) else 0,
+            "memory": args.memory_gib * 2**30 if args.memory_gib else None}
 
 
 def describe_plan(plan):
     """The plan as the one line a run prints at start-up."""
     compiled = {None: "eager", "blocks": "decoder blocks compiled",
                 "graphs": "whole model compiled, replayed as CUDA graphs"}[plan["compile"]]
+    recomputed = ("" if not plan["recompute"] else f", {plan['recompute']} blocks recomputed in backward"
+                  if plan["recompute"] != "auto" else ", the fewest blocks recomputed in backward for a peak of "
+                  + (f"{plan['memory'] / 2**30:.3g} GiB" if plan["memory"] else f"{MEMORY_SHARE:g} of the GPU"))
     frozen = ("no frozen model" if not plan["frozen"] else "frozen model replayed from CUDA graphs"
               if plan["ref_graphs"] else "frozen model " + compiled.split(",")[0].replace("whole model ", ""))
     parts = ["bf16 compute copy over fp32 masters" if plan["compute_copy"] else
@@ -457,7 +473,7 @@ def describe_plan(plan):
              (f"packed rows ({'sdpa mem-efficient' if plan['attention'] == 'sdpa' else 'eager'} attention)"
               if plan["pack"] else "left-padded rows (eager attention)"),
              f"{plan['rows']} rows per pass" + (" (halved if memory runs out)" if plan["shrink"] else ""),
-             compiled + (f", {plan['recompute']} blocks recomputed in backward" if plan["recompute"] else ""), frozen,
+             compiled + recomputed, frozen,
              ("fused rmsnorm+rotary" if plan["gpu"] else "fused rmsnorm") if plan["fused"] else "no fused kernels",
              ("data worker, statistics a step late, non-finite gradients skipped on the device" if plan["gpu"]
               else "data in this process, non-finite gradients skipped on the host"),
@@ -497,7 +513,8 @@ def build_models(args, plan, spec, hp, model_path, device, world):
         model = shard_model(model.to(device), device, plan["bf16"], plan["regather"])
     compute = with_parameters_in(copy.deepcopy(model), torch.bfloat16) if plan["compute_copy"] else model
     compute.train()
-    recompute_blocks(compute, plan["recompute"])
+    if plan["recompute"] != "auto":
+        recompute_blocks(compute, plan["recompute"])        # auto: sized before step 1 (Trainer.run_stage)
     compile_models(plan["compile"], spec, compute, ref)
     return model, compute, ref, tokenizer, config
 
@@ -508,6 +525,90 @@ def recompute_blocks(model, n):
     JensUn++ pass of 32 rows holds about 20 GiB of activations on an H100 (BENCHMARKS.md), mostly the blocks'."""
     for block in decoder_layers(model)[:n]:
         block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)
+
+
+def size_recompute(trainer, start):
+    """--recompute-blocks auto: the fewest decoder blocks to recompute in backward for the step's peak to fit
+    --memory-gib (else MEMORY_SHARE of the GPU), from the static bytes of the run and what the
+    largest pass (of up to 64 steps spread over the stage) saves for backward, measured by running its forward
+    and loss once before step 1 (AdamW's moments and the gradients do not exist yet, so it fits where the step
+    could). Prints the estimate; memory_report prints the peak after step 2 to compare."""
+    blocks = len(decoder_layers(trainer.compute))
+    dataset, per_pass = step_dataset(trainer), trainer.rows // trainer.args.batch_size
+    passes = [p for step in range(start, trainer.total, max(1, (trainer.total - start) // 64))
+              for _, p, _ in split_passes(*dataset[step], per_pass)]
+    largest = max(passes, key=lambda p: sum(len(s["ids"]) for seqs in p.values() for s in seqs))
+    try:
+        saved = saved_for_backward(trainer, largest)
+    except torch.OutOfMemoryError:
+        saved = None
+    static = static_bytes(trainer)
+    budget = trainer.plan["memory"] or MEMORY_SHARE * torch.cuda.get_device_properties(trainer.device).total_memory
+    n = blocks if saved is None else next(
+        (n for n in range(blocks + 1) if peak_estimate(static, saved, blocks, n) <= budget), blocks)
+    estimate = "the largest pass's forward ran out of memory" if saved is None else (
+        f"estimated peak {peak_estimate(static, saved, blocks, n) / 2**30:.3g} GiB: static {static / 2**30:.3g}, the "
+        f"largest pass saves {saved['blocks'] / 2**30:.3g} in its blocks and {saved['rest'] / 2**30:.3g} outside them")
+    print0(f"[{trainer.stage_name}] --recompute-blocks auto: {n} of {blocks} decoder blocks recomputed in backward "
+           f"for a peak of at most {budget / 2**30:.3g} GiB ({estimate})")
+    return n
+
+
+def saved_for_backward(trainer, seqs):
+    """Bytes that one pass over `seqs` (the model's forward and the loss, as Trainer.step runs them) saves for
+    backward, each storage once and parameters left out: {"blocks": in all decoder blocks, "rest": outside them
+    (embeddings, head, logits, the loss), "input": a block's input (what a recomputed block keeps)}."""
+    spec, blocks = trainer.spec, decoder_layers(trainer.compute)
+    seen = {p.untyped_storage().data_ptr() for m in (trainer.compute, trainer.ref) if m is not None for p in m.parameters()}
+    saved, inside = {"blocks": 0, "rest": 0, "input": 0}, []
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            saved["blocks" if inside else "rest"] += t.untyped_storage().nbytes()
+        return t
+
+    def enter(module, args, kwargs):
+        inside.append(module)
+        saved["input"] = max(saved["input"], (args[0] if args else kwargs["hidden_states"]).nbytes)
+
+    def leave(*_):
+        inside.pop()
+
+    handles = [h for b in blocks for h in (b.register_forward_pre_hook(enter, with_kwargs=True),
+                                           b.register_forward_hook(leave))]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out, logits, _ = trainer.layout.forward(trainer.compute, seqs, spec["weights"], trainer.hooks[0])
+            for view, kind in spec["ref"].items():
+                out["ref_" + view] = trainer.reference(view, kind, seqs, logits.shape[1] - 1)
+            spec["fn"](out, {**trainer.hp, "lambda_r": torch.tensor(float(trainer.hp["lambda_r"]), device=trainer.device)})
+    finally:
+        for h in handles:
+            h.remove()
+    return saved
+
+
+def static_bytes(trainer):
+    """The bytes a step holds whatever its activations: fp32 masters and AdamW's two moments, the bf16 compute
+    copy, the frozen model, the gradients (a step of one pass under a compute copy: the copy's bf16 ones and the
+    update's chunk of fp32; else fp32 ones, and under a compute copy its bf16 ones beside them) and WORKSPACE_BYTES."""
+    trainable = local_bytes(p for p in trainer.model.parameters() if p.requires_grad)
+    copy = local_bytes(trainer.compute.parameters()) if trainer.compute is not trainer.model else 0
+    frozen = local_bytes(trainer.ref.parameters()) if trainer.ref is not None else 0
+    one_pass = trainer.rows >= trainer.args.global_batch // trainer.world
+    gradients = copy + OPTIMIZER_CHUNK_BYTES if copy and one_pass else trainable + copy
+    return local_bytes(trainer.model.parameters()) + 2 * trainable + copy + frozen + gradients + WORKSPACE_BYTES
+
+
+def peak_estimate(static, saved, blocks, recomputed):
+    """A step's peak with the first `recomputed` of `blocks` decoder blocks recomputed (saved_for_backward's
+    bytes): the static bytes, the kept blocks' activations, the recomputed blocks' inputs, the rest of the
+    pass twice (its tensors and, as backward starts, their gradients) and the one block backward works on
+    (its activations again as gradients; a recomputed block's activations besides)."""
+    block = saved["blocks"] / blocks
+    return (static + (blocks - recomputed) * block + recomputed * saved["input"] + 2 * saved["rest"]
+            + (2 if recomputed else 1) * block)
 
 
 def compile_models(mode, spec, compute, ref):
@@ -591,6 +692,8 @@ class Trainer:
                f"{args.global_batch} (loss micro-batches of {args.batch_size} x {self.world} process(es), "
                f"{self.rows} rows per forward pass), {self.total} steps")
         with fused_rotary(self.compute):             # rotary embeddings as one kernel on a GPU (model.py)
+            if self.plan["recompute"] == "auto":
+                recompute_blocks(self.compute, size_recompute(self, start))
             self.train(start, lambda_r)
         return self.export_stage(tokenizer, config)
 
@@ -1125,9 +1228,13 @@ def add_run_and_speed_flags(p):
                    help="left-pad every sequence to the pass's longest instead of packing several into a row "
                         "(model.packable: models whose every layer is full attention pack; the same losses up to "
                         "rounding, fewer padded positions)")
-    p.add_argument("--recompute-blocks", type=int, default=0, metavar="N",
+    p.add_argument("--recompute-blocks", default="auto", metavar="N",
                    help="memory: the first N decoder blocks keep only their input for backward and run their forward "
-                        "again there (activation checkpointing; the same gradients, slower); one device, eager")
+                        "again there (activation checkpointing; the same gradients, slower); one device, eager. auto: "
+                        "on one GPU (eager), the fewest that keep a step's estimated peak within --memory-gib")
+    p.add_argument("--memory-gib", type=float, default=None, metavar="G",
+                   help="--recompute-blocks auto: the GiB a step may peak at (default: 0.8 of the GPU's memory, "
+                        "train.MEMORY_SHARE; without a GPU, none: no block recomputed unless it is given)")
     p.add_argument("--fsdp-regather", action="store_true",
                    help="under FSDP, gather each group's parameters again for its backward instead of keeping them "
                         "from its forward (less memory, slower)")
@@ -1167,8 +1274,14 @@ def resolve_args(args):
         raise data.UserError("--retain-scope seen is for --mode sequential (a joint run's retain set holds every topic)")
     if args.compile == "graphs" and world > 1:
         raise data.UserError("--compile graphs runs on one GPU; under torchrun (FSDP) use --compile blocks")
-    if args.recompute_blocks < 0 or (args.recompute_blocks and (world > 1 or args.compile)):
-        raise data.UserError("--recompute-blocks N: N >= 0, on one device without --compile (the only way it is tested)")
+    if args.recompute_blocks != "auto":
+        if not args.recompute_blocks.isdigit() or (int(args.recompute_blocks) and (world > 1 or args.compile)):
+            raise data.UserError(f"--recompute-blocks {args.recompute_blocks}: auto or N >= 0, and N > 0 only on one "
+                                 "device without --compile (the only way it is tested)")
+        args.recompute_blocks = int(args.recompute_blocks)
+    if args.memory_gib is not None and (args.memory_gib <= 0 or args.recompute_blocks != "auto"):
+        raise data.UserError(f"--memory-gib {args.memory_gib}: a positive number of GiB, for --recompute-blocks auto "
+                             "(what it sizes, on one device without --compile)")
     return args
 
 

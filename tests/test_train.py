@@ -180,6 +180,41 @@ def test_recomputed_blocks_give_the_same_gradients(tiny_model_path, tmp_path, me
                                              "--recompute-blocks", "1", "--compile"]))
 
 
+def test_recompute_blocks_auto_sizes_the_blocks_from_memory(tiny_model_path, tmp_path, capsys):
+    """--recompute-blocks auto (the default; sized where a GPU or --memory-gib gives a budget): before step 1
+    the largest pass's forward and loss run once, their saved tensors counted; the blocks recomputed are the
+    fewest whose estimated peak fits the budget. peak_estimate checked by hand; the measurement against
+    its tensors' sizes; the choice at budgets that need none, some (3 of 8) and more than all can give."""
+    saved = {"blocks": 80, "rest": 5, "input": 1}
+    assert [train.peak_estimate(10, saved, 8, n) for n in (0, 4, 8)] == [10 + 80 + 10 + 10, 10 + 40 + 4 + 10 + 20,
+                                                                       10 + 8 + 10 + 20]
+    measured, statics = [], []
+    saved_for_backward, static_bytes = train.saved_for_backward, train.static_bytes
+    with pytest.MonkeyPatch.context() as m:          # spies: the run's own numbers, returned unchanged
+        m.setattr(train, "saved_for_backward", lambda *a: measured.append(saved_for_backward(*a)) or measured[-1])
+        m.setattr(train, "static_bytes", lambda *a: statics.append(static_bytes(*a)) or statics[-1])
+        common = ["--lr", "1e-3", "--max-steps", "1", "--global-batch", "16", "--batch-size", "4", "--no-save"]
+        run(tiny_model_path, tmp_path / "roomy", "jensunpp", *common, "--memory-gib", "1000")
+        assert "0 of 8 decoder blocks recomputed" in capsys.readouterr().out
+        got, static = measured[0], statics[0]
+        hidden, vocab = 32, 49152                    # tiny_model_path's; fp32
+        assert got["input"] % (4 * hidden) == 0 and got["blocks"] >= 8 * 4 * got["input"]   # q, k, v, norms, MLP
+        assert got["rest"] >= 4 * vocab * 16           # the fp32 logits of 16 positions at least
+        assert static >= train.WORKSPACE_BYTES + 4 * 4 * sum(p.numel() for p in load_model(tiny_model_path)[0].parameters())
+        budget = train.peak_estimate(static, got, 8, 3)
+        assert train.peak_estimate(static, got, 8, 2) > budget
+        run(tiny_model_path, tmp_path / "three", "jensunpp", *common, "--memory-gib", str(budget / 2**30))
+        assert "3 of 8 decoder blocks recomputed" in capsys.readouterr().out and measured[1] == got
+        run(tiny_model_path, tmp_path / "short", "jensunpp", *common, "--memory-gib", "0.001")
+        assert "8 of 8 decoder blocks recomputed" in capsys.readouterr().out
+    default = train.resolve_args(train.parse_args(["--method", "jensunpp", "--model", tiny_model_path]))
+    assert train.make_plan(default, torch.device("cpu"), 1)["recompute"] == 0      # no GPU, no --memory-gib: none
+    assert train.make_plan(default, torch.device("cuda"), 2)["recompute"] == 0     # FSDP: none
+    with pytest.raises(data.UserError, match="--memory-gib"):
+        train.resolve_args(train.parse_args(["--method", "jensunpp", "--model", tiny_model_path, "--recompute-blocks", "2",
+                                             "--memory-gib", "9"]))
+
+
 @pytest.mark.parametrize("method", ["npo", "dpo", "rmu", "undial"])
 def test_every_frozen_model_output_splits_by_micro_batch(tiny_model_path, tmp_path, method):
     """The frozen model's outputs (NPO's and DPO's sequence scores, RMU's hooked hidden states, UNDIAL's
@@ -753,8 +788,10 @@ def test_plan_decides_every_acceleration_once(tiny_model_path):
     assert on_gpu["compute_copy"] and on_gpu["pack"] == torch.bfloat16 and on_gpu["ref_graphs"] and on_gpu["gpu"]
     assert train.describe_plan(on_gpu) == (
         "plan: bf16 compute copy over fp32 masters, packed rows (sdpa mem-efficient attention), 32 rows per pass "
-        "(halved if memory runs out), eager, frozen model replayed from CUDA graphs, fused rmsnorm+rotary, data "
-        "worker, statistics a step late, non-finite gradients skipped on the device, FSDP off")
+        "(halved if memory runs out), eager, the fewest blocks recomputed in backward for a peak of 0.8 of the GPU, "
+        "frozen model replayed from CUDA graphs, fused rmsnorm+rotary, data worker, statistics a step late, "
+        "non-finite gradients skipped on the device, FSDP off")
+    assert "blocks recomputed" not in train.describe_plan(plan(gpu, 1, "--recompute-blocks", "0"))
     assert not plan(gpu, 1, "--eager-reference")["ref_graphs"]
     graphs = plan(gpu, 1, "--compile", "graphs")
     assert (graphs["pack"], graphs["attention"], graphs["fused"], graphs["ref_graphs"]) == (None, "eager", False, False)
