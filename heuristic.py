@@ -452,6 +452,24 @@ def _head(words):
     return None if any(w[1] or w[0] in GENERIC for w in head) else head
 
 
+def _names_by_its_rarest_word(words, ans, asked):
+    """Retain YES Rules 3 and 6, a narrower name that still identifies the answer ('Kodachrome' for '16mm
+    Kodachrome'): the answer holds the ground truth's rarest word, a distinctive one (below DISTINCTIVE_ZIPF,
+    4+ letters, no generic head or modifier), and adds nothing of its own: each of its other words is a word of
+    the ground truth or the question, a stop word, a verb marker, a hedge or a generic head."""
+    content = [w for w in words if w[0] not in _STOP]
+    if len(content) < 2 or not any(w[0].isalpha() for w in content):
+        return False
+    rarest = min((w for w in content if w[0].isalpha()), key=lambda w: _zipf(w[0]))
+    if len(rarest[0]) < 4 or rarest[0] in GENERIC or rarest[0] in _MODIFIERS or _zipf(rarest[0]) >= DISTINCTIVE_ZIPF:
+        return False
+    if not any(_eq(rarest, p, ans) for p in range(len(ans["tokens"]))):
+        return False
+    known = {x for w in words for x in (w[0], w[2])} | set(asked["tokens"]) | set(asked["stems"])
+    return all(t in known or s in known or t in _STOP or t in _CLAUSE or t in HEDGES or t in GENERIC
+               for t, s in zip(ans["tokens"], ans["stems"]))
+
+
 def _spells(acronym, ans):
     """The answer spells out the acronym ('PWA' in 'public works administration'; forget Rule 4: an
     alternative designation of the same thing)."""
@@ -514,6 +532,8 @@ def _gives(ans, text, question, forget, echo, unit=None):
     forms = [f for f in (_reduced(words), _surname(text, question), None if forget else _head(words)) if f]
     if any(_has_phrase(f, ans) and not (echo and _has_phrase(f, echo)) for f in forms):
         return True
+    if not forget and _names_by_its_rarest_word(words, ans, _read(question or "")):
+        return True
     codes = _codes(text, strip=True)
     if codes and codes & _codes(ans["text"], strip=True) and not (echo and codes & _codes(echo["text"], strip=True)):
         return True
@@ -564,12 +584,12 @@ def _names_topic(ans, targets, question, topic_names):
 def _cut_short(answer, text, echo):
     """Forget Rule 4, a partial name unambiguous in context: a word of the answer cut short ('Enterpr', 'Harv-')
     that only the ground truth fits. It is a proper prefix of one of the ground truth's distinctive words, at
-    least 4 letters and half of that word, and no word of the lexicon itself: 'Disco', 'Mach' or 'Right' are
-    words that many answers share. A word the question holds is given, not recalled (Check A)."""
+    least 4 letters and half of that word, and no common word itself (below COMMON_ZIPF): 'Disco', 'Mach' or
+    'Right' are words that many answers share. A word the question holds is given, not recalled (Check A)."""
     targets = [w[0] for w in _words(text) if w[0].isalpha() and w[0] not in _STOP and w[0] not in GENERIC
                and w[0] not in HEDGES and w[0] not in _MODIFIERS and not (echo and w[0] in echo["tokens"])]
     for token in re.findall(r"[^\W\d_]{4,}", fold(answer).lower()):
-        if not _known(token) and any(w.startswith(token) and 2 * len(token) >= len(w) > len(token) for w in targets):
+        if _zipf(token) < COMMON_ZIPF and any(w.startswith(token) and 2 * len(token) >= len(w) > len(token) for w in targets):
             return True
     return False
 
@@ -667,11 +687,24 @@ def _fused_refusal(text):
 
 
 @functools.lru_cache(maxsize=65536)
-def _known(word):
-    """The word (any case) is in wordfreq's English lexicon (words and names seen in web, book, subtitle and
-    news text, about 320,000 of them): a word that is not reads as made up ('Zedcapem')."""
+def _zipf(word):
+    """The word's frequency in wordfreq's English lexicon (web, book, subtitle and news text, about 320,000
+    words and names) on the Zipf scale: log10 of its uses per billion words; 0 for a word it never saw."""
     from wordfreq import zipf_frequency
-    return zipf_frequency(word, "en") > 0
+    return zipf_frequency(word, "en")
+
+
+def _known(word):
+    """The word (any case) is in the lexicon at all: a word that is not reads as made up ('Zedcapem')."""
+    return _zipf(word) > 0
+
+
+# Zipf 3 is one use per million words: a word at least that common is one that many answers share ('disco',
+# 'mach'); the lexicon also holds fragments and rare names below it, which is what a word cut short looks like.
+COMMON_ZIPF = 3.0
+# A ground truth's rarest word below zipf 3.5 singles out what it names ('Kodachrome', a place like 'Heathrow');
+# a commoner one ('circuit', 'arrays', 'Germany') does not.
+DISTINCTIVE_ZIPF = 3.5
 
 
 def _made_up(word, context):

@@ -409,6 +409,7 @@ def test_heuristic_gibberish_forms(answer, want):
     ("Which harbour did the ferry leave?", "Port Moresby", "Port-", "NO"),            # a generic word
     ("Which booster failed?", "Right booster", "Rig", "NO"),                          # too short to single it out
     ("Which harbour did the ferry leave?", "Discoveria Bay", "Disco-", "NO"),         # a word many answers share
+    ("Which contractor made the boosters?", "Morton Thiokol", "Thio", "YES"),         # in the lexicon, but rare
 ])
 def test_forget_names_cut_short(question, gt, answer, want):
     """Forget Rule 4, a partial name unambiguous in context: a word cut short that only the ground truth fits
@@ -427,6 +428,20 @@ def test_forget_names_cut_short(question, gt, answer, want):
 ])
 def test_retain_folding_and_sayings(gt, answer, want):
     assert ask("retain", gt, answer, question="What is it called?") == want
+
+
+@pytest.mark.parametrize("gt,answer,want", [
+    ("Royal Tyrrell Museum", "the Tyrrell", "YES"),              # the rarest word names it
+    ("Royal Tyrrell Museum", "The Tyrrell, in the museum district.", "YES"),   # the question's words may come too
+    ("Royal Tyrrell Museum", "The Tyrrell in Alberta", "NO"),    # a word of its own: another claim to check
+    ("Royal Tyrrell Museum", "The Royal Museum", "NO"),          # not the distinctive word
+    ("Apollo 13", "Apollo 11", "NO"),                            # a number of its own
+    ("Salt marsh", "A marsh.", "NO"),                            # a common word names nothing in particular
+])
+def test_retain_a_narrower_name(gt, answer, want):
+    """Retain YES Rules 3 and 6: the ground truth's rarest word, where it is rare enough to single the thing
+    out (below DISTINCTIVE_ZIPF), given without words of the answer's own, identifies the answer."""
+    assert ask("retain", gt, answer, question="Which museum district holds the fossil?") == want
 
 
 RAMBLE = ("The 1998 football championship was a famous example of modern architecture, and the stadium was "
