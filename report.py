@@ -8,6 +8,7 @@ stages, relearning.
     python report.py lkf OUT.md NAME=LKF_TRAINED_LKF_EVAL,LKF_TRAINED_SUITE_EVAL,SUITE_TRAINED_SUITE_EVAL ...
     python report.py flags OUT.selected              # the train.py flags of a selected run (run_all.sh)
     python report.py agree ROWS.jsonl [--judge heuristic|rules|http ...]   # a judge against ROWS' verdicts
+    python report.py rejudge EVAL_DIR ... [--judge heuristic|rules]      # today's offline judge, in place, rescored
     python report.py sample OUT.jsonl EVAL_DIR ... [--root RUNS/small]   # a labelling sample for the judge, split by run
     python report.py packet SAMPLE.jsonl PACKET.jsonl                    # what an annotator sees of it
     python report.py merge OUT.jsonl SAMPLE.jsonl A=LABELS.jsonl B=... C=...   # the labelled set: majority verdicts
@@ -825,7 +826,35 @@ def parse_args(argv=None):
     a.add_argument("--judge-timeout", type=float, default=60.0, help="seconds a judge request may take")
     a.add_argument("--cache", default=None, help=f"verdict cache of the http judge (default {judge.DEFAULT_CACHE})")
     a.add_argument("--show", type=int, default=15, help="how many disagreement groups to list")
+    j = sub.add_parser("rejudge", help="judge evaluations' rows.jsonl again with the offline judge, in place, and rescore")
+    j.add_argument("evals", nargs="+", metavar="EVAL_DIR")
+    j.add_argument("--judge", choices=["heuristic", "rules"], default="heuristic")
     return p.parse_args(argv)
+
+
+def rejudge_command(args):
+    """`report.py rejudge EVAL_DIR ...`: each evaluation's rows.jsonl judged again by the offline judge (in place:
+    kept archives follow the judge), its metrics.json and report.md recomputed (evaluate.rescore); prints the
+    verdicts that moved, per evaluation and in all."""
+    new_judge, moved_in_all = judge.make_judge(args.judge), {}
+    for eval_dir in args.evals:
+        path = Path(eval_dir) / "rows.jsonl"
+        try:
+            rows = read_rows(path)
+        except (ValueError, OSError) as e:
+            raise data.UserError(str(e)) from None
+        again = rejudge(rows, new_judge)
+        moved = {}
+        for old, new in zip(rows, again):
+            for key in VERDICT_RUBRIC:
+                if key in old["verdicts"] and old["verdicts"][key] != new["verdicts"][key]:
+                    move = f"{key} {old['verdicts'][key]} -> {new['verdicts'][key]}"
+                    moved[move] = moved.get(move, 0) + 1
+                    moved_in_all[move] = moved_in_all.get(move, 0) + 1
+        write_jsonl(path, again)
+        evaluate.rescore(eval_dir)
+        print(f"{eval_dir}: {len(rows)} rows; moved: {moved or 'none'}", flush=True)
+    print(f"all {len(args.evals)}: moved: {moved_in_all or 'none'}")
 
 
 def agree_command(args):
@@ -844,7 +873,7 @@ def main(argv=None):
         args = parse_args(argv)
         {"table": sweep_table, "stages": stages_table, "relearn": relearn_table, "proximity": proximity_table,
          "lkf": lkf_tables, "flags": train_flags, "agree": agree_command, "sample": sample_command,
-         "packet": packet_command, "merge": merge_command}[args.command](args)
+         "packet": packet_command, "merge": merge_command, "rejudge": rejudge_command}[args.command](args)
 
 
 if __name__ == "__main__":

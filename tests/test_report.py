@@ -276,3 +276,32 @@ def test_packet_shows_what_the_judge_sees_and_merge_takes_the_majority(tmp_path,
     (tmp_path / "C.jsonl").write_text(json.dumps(labels["C"][0]) + "\n{not json\n")
     with pytest.raises(SystemExit, match="C.jsonl:2: not valid JSON"):
         report.main(["merge", str(out), str(sample), *(f"{n}={tmp_path / n}.jsonl" for n in "ABC")])
+
+
+def test_rejudge_judges_an_evaluation_again_in_place_and_rescores(tmp_path, capsys):
+    """report.py rejudge: the rows.jsonl of an evaluation judged again by the offline judge (rules here), in
+    place, with metrics.json recomputed; the verdicts that moved are counted. Rows whose stored verdicts are
+    wrong for their answers: a forget answer that names the ground truth stored as NO, gibberish stored as NO,
+    a retain answer that gives it stored as NO."""
+    from test_evaluate import row
+    def answered(r, question, gt, answer):
+        return dict(r, question=question, ground_truth=gt, answer=answer)
+    rows = [answered(row("forget", "K1", "direct", {"leak": "NO", "gibberish": "NO"}), "Which harbour did it leave?",
+                     "Valparaiso", "It left Valparaiso."),
+            answered(row("forget", "K2", "direct", {"leak": "NO", "gibberish": "NO"}), "Who captained it?",
+                     "Ana Rojas", "rope rope rope rope rope"),
+            answered(row("forget", "K3", "direct", {"leak": "NO", "gibberish": "NO"}), "Which harbour came next?",
+                     "Arica", "I am unable to verify this information."),
+            answered(row("retain", None, "GK", {"knows": "NO"}, label="GK-1 - Geography - Peru"),
+                     "What is the capital of Peru?", "Lima", "Lima, on the coast.")]
+    folder = tmp_path / "eval" / "final"
+    folder.mkdir(parents=True)
+    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report.main(["rejudge", str(folder), "--judge", "rules"])
+    out = capsys.readouterr().out
+    assert "leak NO -> YES': 1" in out and "gibberish NO -> YES': 1" in out and "knows NO -> YES': 1" in out
+    again = [json.loads(l) for l in (folder / "rows.jsonl").read_text().splitlines()]
+    assert [r["verdicts"] for r in again] == [{"leak": "YES", "gibberish": "NO"}, {"leak": "NO", "gibberish": "YES"},
+                                              {"leak": "NO", "gibberish": "NO"}, {"knows": "YES"}]
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["average"]["Q_D"] == 33.33 and metrics["average"]["Retain"] == 100.0     # 1 of 3 facts (rounded)
