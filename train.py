@@ -75,7 +75,8 @@ def detect_refusal(model, tokenizer, questions, system=data.SYSTEM_PROMPT):
     training chat format (appendix B.1), or None when it refuses none of them; and its answers."""
     prompts = [data.prompt_ids(tokenizer, q, system=system) for q in questions]
     progress = Progress("refusal detection", len(prompts)) if not dist.is_initialized() or dist.get_rank() == 0 else None
-    answers = generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=8, progress=progress)  # a line a batch
+    # one batch for the pool's 30 questions: the same answers as batches of 8 (SmolLM2, CPU fp32), half the time there
+    answers = generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=32, progress=progress)
     first = [a.split("\n")[0].split(". ")[0].strip().rstrip(".") + "." for a in answers]
     counts = collections.Counter(f for f in first if data.is_refusal(f))
     return (counts.most_common(1)[0][0] if counts else None), answers
