@@ -200,13 +200,19 @@ def test_recompute_blocks_auto_sizes_the_blocks_from_memory(tiny_model_path, tmp
         hidden, vocab = 32, 49152                    # tiny_model_path's; fp32
         assert got["input"] % (4 * hidden) == 0 and got["blocks"] >= 8 * 4 * got["input"]   # q, k, v, norms, MLP
         assert got["rest"] >= 4 * vocab * 16           # the fp32 logits of 16 positions at least
-        assert static >= train.WORKSPACE_BYTES + 4 * 4 * sum(p.numel() for p in load_model(tiny_model_path)[0].parameters())
+        n = sum(p.numel() for p in load_model(tiny_model_path)[0].parameters())
+        # fp32, no compute copy: masters, two moments, frozen model, fp32 gradients
+        assert static == train.WORKSPACE_BYTES + (4 + 8 + 4 + 4) * n
         budget = train.peak_estimate(static, got, 8, 3)
         assert train.peak_estimate(static, got, 8, 2) > budget
         run(tiny_model_path, tmp_path / "three", "jensunpp", *common, "--memory-gib", str(budget / 2**30))
         assert "3 of 8 decoder blocks recomputed" in capsys.readouterr().out and measured[1] == got
         run(tiny_model_path, tmp_path / "short", "jensunpp", *common, "--memory-gib", "0.001")
         assert "8 of 8 decoder blocks recomputed" in capsys.readouterr().out
+        # a bf16 compute copy, the step in one pass: its bf16 gradients and one chunk of fp32 ones in the update
+        run(tiny_model_path, tmp_path / "bf16", "jensunpp", *common, "--memory-gib", "1000", "--precision", "bf16",
+            "--physical-batch", "16")
+        assert statics[-1] == train.WORKSPACE_BYTES + (4 + 8 + 2 + 2 + 2) * n + train.OPTIMIZER_CHUNK_BYTES
     default = train.resolve_args(train.parse_args(["--method", "jensunpp", "--model", tiny_model_path]))
     assert train.make_plan(default, torch.device("cpu"), 1)["recompute"] == 0      # no GPU, no --memory-gib: none
     assert train.make_plan(default, torch.device("cuda"), 2)["recompute"] == 0     # FSDP: none
