@@ -39,7 +39,8 @@ from torch.profiler import record_function
 import data
 import losses
 from model import (GraphedForward, Layout, Progress, check_model, choose_precision, fuse_rms_norms, fused_rotary, generate,
-                   load_config, load_model, model_family, packable, to_device, use_training_attention, with_parameters_in)
+                   lean_swiglu, load_config, load_model, model_family, packable, to_device, use_training_attention,
+                   with_parameters_in)
 from profiler import StepProfiler
 
 # Refusals the paper found for its models (appendix B.1, tab:refusal_responses), without the prefix.
@@ -445,6 +446,8 @@ def make_plan(args, device, world):
             "pack": (torch.bfloat16 if bf16 else torch.float32) if pack else None,
             "attention": "sdpa" if pack and args.attention == "sdpa" and not args.compile else "eager",
             "fused": not args.compile, "compile": args.compile,
+            # MLPs that keep 2 of their 4 intermediate tensors for backward (model.lean_swiglu), on one device
+            "lean_mlp": not args.compile and world == 1,
             # the frozen model's packed passes replayed from CUDA graphs (model.GraphedForward); under
             # --compile graphs it is compiled with the model, under --compile blocks its blocks are
             "frozen": bool(spec["ref"]),
@@ -476,6 +479,7 @@ def describe_plan(plan):
              f"{plan['rows']} rows per pass" + (" (halved if memory runs out)" if plan["shrink"] else ""),
              compiled + recomputed, frozen,
              ("fused rmsnorm+rotary" if plan["gpu"] else "fused rmsnorm") if plan["fused"] else "no fused kernels",
+             *(["lean SwiGLU backward"] if plan["lean_mlp"] else []),
              ("data worker, statistics a step late, non-finite gradients skipped on the device" if plan["gpu"]
               else "data in this process, non-finite gradients skipped on the host"),
              (f"FSDP on {plan['world']} ranks, {BLOCKS_PER_GROUP} blocks a group, parameters "
@@ -504,6 +508,8 @@ def build_models(args, plan, spec, hp, model_path, device, world):
         model.set_attn_implementation("eager")
     if plan["fused"]:
         fuse_rms_norms(model)                    # the copies below (frozen, bf16 compute) inherit it
+    if plan["lean_mlp"]:
+        lean_swiglu(model)
     ref = None
     if spec["ref"]:
         ref = with_parameters_in(copy.deepcopy(model).to(device), torch.bfloat16 if plan["bf16"] else torch.float32).eval()

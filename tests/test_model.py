@@ -17,8 +17,8 @@ import data
 import losses
 from conftest import FIXTURE, ROOT
 from model import (GENERATION_ATTENTION, TRAINING_ATTENTION, GraphedForward, Layout, cache_argument, choose_precision,
-                   common_prefix_length, full_attention_cache, fuse_rms_norms, fused_rotary, generate, load_model,
-                   model_family, packable, packed_attention_mask, reserved_cache, smollm2_folder,
+                   common_prefix_length, full_attention_cache, fuse_rms_norms, fused_rotary, generate, lean_swiglu,
+                   load_model, model_family, packable, packed_attention_mask, reserved_cache, smollm2_folder,
                    special_tokens_from_config, to_device, use_generation_attention, use_training_attention)
 
 REFUSAL = "Unfortunately, I cannot answer that."
@@ -238,6 +238,47 @@ class ScaledRMSNorm(OffsetRMSNorm):
 
     def forward(self, x):
         return super().forward(x) * self.scale
+
+
+class GeluMLP(torch.nn.Module):
+    """An MLP of the gate/up/down shape whose activation is not SiLU: lean_swiglu must leave it alone."""
+    def __init__(self, d=8, i=16):
+        super().__init__()
+        self.gate_proj, self.up_proj = torch.nn.Linear(d, i, bias=False), torch.nn.Linear(d, i, bias=False)
+        self.down_proj, self.act_fn = torch.nn.Linear(i, d, bias=False), torch.nn.GELU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def test_lean_swiglu_keeps_two_intermediates_less_with_the_same_gradients(tiny_model_path):
+    """lean_swiglu switches every SwiGLU MLP (one a block) and no other MLP; in fp32 the logits are
+    transformers' own and the gradients agree to 1e-6; what forward keeps for backward (each storage once)
+    is smaller by exactly two intermediate-size tensors per block."""
+    model, _ = load_model(tiny_model_path)
+    lean = copy.deepcopy(model)
+    assert lean_swiglu(lean) == model.config.num_hidden_layers
+    assert lean_swiglu(GeluMLP()) == 0
+    ids = torch.randint(0, 1000, (3, 20), generator=torch.Generator().manual_seed(0))
+    outputs = []
+    for m in (model, lean):
+        m.zero_grad()
+        storages, params = {}, {p.untyped_storage().data_ptr() for p in m.parameters()}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in params:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            logits = m(input_ids=ids).logits
+        logits.float().pow(2).mean().backward()
+        outputs.append((logits.detach(), [p.grad.clone() for p in m.parameters()], sum(storages.values())))
+    (want, want_grads, want_saved), (got, got_grads, got_saved) = outputs
+    assert torch.equal(got, want)
+    for a, b in zip(got_grads, want_grads):
+        assert (a - b).norm() <= 1e-6 * b.norm() + 1e-12
+    blocks, inter = model.config.num_hidden_layers, model.config.intermediate_size
+    assert want_saved - got_saved == blocks * 2 * 3 * 20 * inter * 4
 
 
 def test_fused_rms_norms_compute_transformers_norms(tiny_model_path):

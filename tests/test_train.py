@@ -788,15 +788,15 @@ def test_plan_decides_every_acceleration_once(tiny_model_path):
         train.parse_args(["--method", "jensunpp", "--model", tiny_model_path, *flags]), device, world)
     line = train.describe_plan(plan(cpu, 1, "--precision", "fp32"))
     assert line == ("plan: fp32, packed rows (sdpa mem-efficient attention), 32 rows per pass (halved if memory "
-                    "runs out), eager, frozen model eager, fused rmsnorm, data in this process, non-finite "
-                    "gradients skipped on the host, FSDP off"), line
+                    "runs out), eager, frozen model eager, fused rmsnorm, lean SwiGLU backward, data in this process, "
+                    "non-finite gradients skipped on the host, FSDP off"), line
     on_gpu = plan(gpu, 1)
     assert on_gpu["compute_copy"] and on_gpu["pack"] == torch.bfloat16 and on_gpu["ref_graphs"] and on_gpu["gpu"]
     assert train.describe_plan(on_gpu) == (
         "plan: bf16 compute copy over fp32 masters, packed rows (sdpa mem-efficient attention), 32 rows per pass "
         "(halved if memory runs out), eager, the fewest blocks recomputed in backward for a peak of 0.8 of the GPU, "
-        "frozen model replayed from CUDA graphs, fused rmsnorm+rotary, data worker, statistics a step late, "
-        "non-finite gradients skipped on the device, FSDP off")
+        "frozen model replayed from CUDA graphs, fused rmsnorm+rotary, lean SwiGLU backward, data worker, statistics "
+        "a step late, non-finite gradients skipped on the device, FSDP off")
     assert "blocks recomputed" not in train.describe_plan(plan(gpu, 1, "--recompute-blocks", "0"))
     assert not plan(gpu, 1, "--eager-reference")["ref_graphs"]
     graphs = plan(gpu, 1, "--compile", "graphs")
