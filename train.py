@@ -394,6 +394,7 @@ def as_is(item):
 
 
 def step_dataset(trainer):
+    """The stage's StepSequences: item `step` is that step's micro-batches and sequences."""
     args = trainer.args
     return StepSequences(trainer.trainset, trainer.spec["views"], trainer.needs_retain, trainer.steps_per_epoch,
                          args.global_batch, args.batch_size, trainer.rank, trainer.world)
@@ -536,10 +537,10 @@ def recompute_blocks(model, n):
 
 def size_recompute(trainer, start):
     """--recompute-blocks auto: the fewest decoder blocks to recompute in backward for the step's peak to fit
-    --memory-gib (else MEMORY_SHARE of the GPU), from the static bytes of the run and what the
-    largest pass (of up to 64 steps spread over the stage) saves for backward, measured by running its forward
-    and loss once before step 1 (AdamW's moments and the gradients do not exist yet, so it fits where the step
-    could). Prints the estimate; memory_report prints the peak after step 2 to compare."""
+    --memory-gib (else MEMORY_SHARE of the GPU), from the static bytes of the run and what the largest pass (of
+    up to 64 steps spread over the stage) saves for backward, measured by running its forward and loss once
+    before step 1 (AdamW's moments and the gradients do not exist yet, so it fits where the step could).
+    Prints the estimate; memory_report prints the peak after step 2 to compare."""
     blocks = len(decoder_layers(trainer.compute))
     dataset, per_pass = step_dataset(trainer), trainer.rows // trainer.args.batch_size
     passes = [p for step in range(start, trainer.total, max(1, (trainer.total - start) // 64))
@@ -549,6 +550,8 @@ def size_recompute(trainer, start):
         saved = saved_for_backward(trainer, largest)
     except torch.OutOfMemoryError:
         saved = None
+    if trainer.device.type == "cuda":
+        torch.cuda.empty_cache()            # the probe's blocks back to the device, not cached in its sizes
     static = static_bytes(trainer)
     budget = trainer.plan["memory"] or MEMORY_SHARE * torch.cuda.get_device_properties(trainer.device).total_memory
     n = blocks if saved is None else next(
