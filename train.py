@@ -94,7 +94,8 @@ def with_prefix(refusal):
 def resolve_refusal(args, family, device):
     """--refusal auto (ask the starting model about the pool's unknowable facts; without a refusal among
     its answers, FALLBACK_REFUSAL), paper (the paper's string for the model family), or a literal string.
-    auto and paper get REFUSAL_PREFIX."""
+    auto and paper get REFUSAL_PREFIX. Returns it and, on one process, the (model, tokenizer) that auto
+    loaded (fp32, on the device, as build_models loads it), for the first stage to train (else None)."""
     if args.refusal == "auto":
         model, tokenizer = load_model(args.model, torch.float32, device, args.trust_remote_code)
         questions = data.load_pools(args.data_root)["refusal_questions"]
@@ -103,26 +104,27 @@ def resolve_refusal(args, family, device):
             print0(f"--refusal auto: the model refused none of {len(answers)} questions about unknowable facts "
                    f"(e.g. {answers[0][:60]!r}); using the generic {FALLBACK_REFUSAL!r}")
             refusal = FALLBACK_REFUSAL
-        return with_prefix(refusal)
+        return with_prefix(refusal), None if dist.is_initialized() else (model, tokenizer)
     if args.refusal == "paper":
         if family not in PAPER_REFUSALS:
             raise data.UserError(f"--refusal paper: the paper has no refusal for model family '{family}'; use auto")
-        return with_prefix(PAPER_REFUSALS[family])
-    return args.refusal
+        return with_prefix(PAPER_REFUSALS[family]), None
+    return args.refusal, None
 
 
 def run_refusal(args, family, device, resume):
     """The refusal every stage trains towards (None for methods without one), resolved once from the
     starting model (before any sharding: never generate through FSDP modules); a resumed or rerun
-    run reads back the one it started with."""
+    run reads back the one it started with. With it, the starting model where detection loaded it
+    (resolve_refusal), else None."""
     refusal = losses.METHODS[args.method].get("refusal")          # None, "model", or the method's own string
     if refusal != "model":
-        return refusal
+        return refusal, None
     if resume:
-        return resume["refusal"]
+        return resume["refusal"], None
     saved = Path(args.out) / "config.json"
     if saved.exists() and json.loads(saved.read_text()).get("refusal"):
-        return json.loads(saved.read_text())["refusal"]
+        return json.loads(saved.read_text())["refusal"], None
     return resolve_refusal(args, family, device)
 
 
@@ -492,7 +494,7 @@ def describe_plan(plan):
 # ----------------------------------------------------------------------------------------------
 # A stage's models, data and optimizer
 
-def build_models(args, plan, spec, hp, model_path, device, world):
+def build_models(args, plan, spec, hp, model_path, device, world, loaded=None):
     """The stage's models, as the plan says: the fp32 master weights (optimizer, checkpoints, export;
     FSDP-sharded under torchrun), the model that runs forward and backward (on one device with bf16 a bf16
     copy of the masters, else the masters) and the frozen starting model where the loss reads its outputs
@@ -500,7 +502,7 @@ def build_models(args, plan, spec, hp, model_path, device, world):
     # Under FSDP a checkpoint loads on the CPU and each rank keeps its shard; random weights (seed 0,
     # the same on every rank) are made on the GPU, where a 9B-shaped model initialises in seconds.
     on_cpu = world > 1 and not str(model_path).startswith("random:")
-    model, tokenizer = load_model(model_path, torch.float32, "cpu" if on_cpu else device, args.trust_remote_code)
+    model, tokenizer = loaded or load_model(model_path, torch.float32, "cpu" if on_cpu else device, args.trust_remote_code)
     config = copy.deepcopy(model.config)
     model.config.use_cache = False
     if plan["attention"] == "sdpa":
@@ -674,12 +676,13 @@ class Trainer:
         self.rows = args.physical_batch          # rows per forward pass (halved on running out of memory)
         self.ref_tokens = 0                      # a step's tokens through the frozen model (benchmarks)
 
-    def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta):
-        """Train one stage; returns the exported folder (under --no-save, the starting model)."""
+    def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta, loaded=None):
+        """Train one stage; returns the exported folder (under --no-save, the starting model). `loaded`: the
+        (model, tokenizer) at model_path, already loaded (refusal detection's), not loaded again."""
         args, spec = self.args, self.spec
         self.stage_index, self.stage_name, self.refusal, self.hp = stage_index, stage_name, refusal, dict(hp)
         self.model, self.compute, self.ref, tokenizer, config = build_models(
-            args, self.plan, spec, self.hp, model_path, self.device, self.world)
+            args, self.plan, spec, self.hp, model_path, self.device, self.world, loaded)
         self.pad_id = tokenizer.pad_token_id
         self.trainset = build_data(args, spec, tokenizer, topics, refusal, stage_index)
         self.needs_retain = not spec.get("relearn") and (spec["retain"] or self.hp["lambda_r"] > 0)
@@ -1351,7 +1354,7 @@ def run(args):
     hp = hparams_for(args, family)
     out = Path(args.out)
     resume = read_checkpoint_meta(out)
-    refusal = run_refusal(args, family, device, resume)
+    refusal, loaded = run_refusal(args, family, device, resume)       # loaded: the starting model, if detection loaded it
     config = {**vars(args), "hparams": {k: v for k, v in hp.items() if k != "control_vector"},
               "family": family, "refusal": refusal, "world_size": world,
               "stages": [name for name, _ in stages]}
@@ -1365,10 +1368,11 @@ def run(args):
         folder = out / name
         if (folder / "config.json").exists() and not (resume and resume["stage"] == index):
             print0(f"[{name}] already done: {folder}")
-            model_path = str(folder)
+            model_path, loaded = str(folder), None
             continue
-        model_path = str(Trainer(args, rank, world, device, plan).run_stage(index, name, topics, model_path, refusal, hp, resume))
-        resume = None
+        trainer = Trainer(args, rank, world, device, plan)
+        model_path = str(trainer.run_stage(index, name, topics, model_path, refusal, hp, resume, loaded))
+        resume = loaded = None
         if args.compile == "graphs":
             torch.compiler.reset()          # free the stage's compiled code and CUDA graph memory
         if rank == 0 and not args.no_save:

@@ -559,14 +559,20 @@ def forced_answer_model(folder, tiny_model_path, answer):
 def test_refusal_auto_takes_the_models_own_refusal_or_the_fallback(tiny_model_path, tmp_path, capsys):
     """--refusal auto asks the model the pool's 30 questions about unknowable facts (appendix B.1) with a
     progress line a batch, and trains towards the first sentence of its most common refusal with
-    "Unfortunately, " in front; a model that refuses none of them gets the generic fallback."""
+    "Unfortunately, " in front; a model that refuses none of them gets the generic fallback. The model it
+    loaded for that is the one the stage trains: the starting model loads once."""
     for answer, expected in (("I cannot answer this question. Ask someone else.",
                               "Unfortunately, I cannot answer this question."),
                              ("Paris is lovely in spring.", "Unfortunately, I don't have that information.")):
         folder = forced_answer_model(tmp_path / answer[:5], tiny_model_path, answer)
         out = tmp_path / f"run-{answer[:5]}"
-        train.main(["--method", "jensunpp", "--model", folder, "--data-root", str(FIXTURE), "--out", str(out),
-                    "--precision", "fp32", "--max-steps", "1", "--global-batch", "4", "--print-every", "0", "--no-save"])
+        loads, load_model = [], train.load_model
+        with pytest.MonkeyPatch.context() as m:         # a spy: the loads, each done as before
+            m.setattr(train, "load_model", lambda *a, **k: loads.append(a[0]) or load_model(*a, **k))
+            train.main(["--method", "jensunpp", "--model", folder, "--data-root", str(FIXTURE), "--out", str(out),
+                        "--precision", "fp32", "--max-steps", "1", "--global-batch", "4", "--print-every", "0",
+                        "--no-save"])
+        assert loads == [folder]
         assert json.loads((out / "config.json").read_text())["refusal"] == expected
         printed = capsys.readouterr().out
         assert "  refusal detection: 30 to do" in printed and "  refusal detection: 30/30 (100%)" in printed
