@@ -57,7 +57,8 @@ BLOCKS_PER_GROUP = 4
 # that no whole fp32 gradient exists (a 3B model's is 12.8 GB; issue 52's card is an 80 GB H100).
 OPTIMIZER_CHUNK_BYTES = 1 << 30
 # --recompute-blocks auto plans a step's peak to fit this share of the GPU (issue 52: at most 64 of an H100's 80),
-# leaving WORKSPACE_BYTES of it for what no pass saves: the frozen model's CUDA graph pools, cuBLAS, allocator slack.
+# leaving WORKSPACE_BYTES of it for what no pass saves: the frozen model's CUDA graph pools, cuBLAS, allocator slack
+# (2 GiB, not yet checked against a GPU's peak: size_recompute prints its estimate, memory_report the peak).
 MEMORY_SHARE = 0.8
 WORKSPACE_BYTES = 2 << 30
 MAX_SKIPPED_IN_A_ROW = 10   # non-finite gradients this many steps running stop the run: it is not training
