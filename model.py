@@ -518,8 +518,8 @@ def lean_swiglu(model):
     LeanSwiGLU, which keeps for backward only x, gate(x) and up(x): autograd also keeps silu(gate(x)) and the
     product, two more tensors of the intermediate size (a 3B Llama MLP: 2 x 8192 values a token kept, not 4 x
     8192). The same forward; in backward the two are made again (two elementwise ops) and the gradients are
-    the same products summed in another order. A module is switched only if its
-    own forward matches on a random fp32 check with its own weights. Returns the number switched."""
+    the same products summed in another order. A module is switched only if its own forward matches on a
+    random check with its own weights. Returns the number switched."""
     switched = 0
     for module in model.modules():
         linears = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
@@ -548,10 +548,10 @@ class LeanSwiGLU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w_gate, w_up, w_down):
-        F = torch.nn.functional
-        gate, up = F.linear(x, w_gate), F.linear(x, w_up)
+        linear = torch.nn.functional.linear
+        gate, up = linear(x, w_gate), linear(x, w_up)
         ctx.save_for_backward(x, gate, up, w_gate, w_up, w_down)
-        return F.linear(F.silu(gate) * up, w_down)
+        return linear(torch.nn.functional.silu(gate) * up, w_down)
 
     @staticmethod
     def backward(ctx, grad):
