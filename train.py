@@ -57,8 +57,8 @@ BLOCKS_PER_GROUP = 4
 # that no whole fp32 gradient exists (a 3B model's is 12.8 GB; issue 52's card is an 80 GB H100).
 OPTIMIZER_CHUNK_BYTES = 1 << 30
 # --recompute-blocks auto plans a step's peak to fit this share of the GPU (issue 52: at most 64 of an H100's 80),
-# leaving WORKSPACE_BYTES of it for what no pass saves: the frozen model's CUDA graph pools, cuBLAS, allocator slack
-# (2 GiB, not yet checked against a GPU's peak: size_recompute prints its estimate, memory_report the peak).
+# leaving WORKSPACE_BYTES of it for what no pass saves: the frozen model's CUDA graph pools, cuBLAS, allocator slack.
+# On an H100 (93f36fb, BENCHMARKS.md) JensUn++ ran out of memory where it planned 63 GiB: auto is not the default.
 MEMORY_SHARE = 0.8
 WORKSPACE_BYTES = 2 << 30
 MAX_SKIPPED_IN_A_ROW = 10   # non-finite gradients this many steps running stop the run: it is not training
@@ -543,25 +543,32 @@ def size_recompute(trainer, start):
     --memory-gib (else MEMORY_SHARE of the GPU), from the static bytes of the run and what the largest pass (of
     up to 64 steps spread over the stage) saves for backward, measured by running its forward and loss once
     before step 1 (AdamW's moments and the gradients do not exist yet, so it fits where the step could).
-    Prints the estimate; memory_report prints the peak after step 2 to compare."""
+    Prints the estimate (on a GPU with the probe's own peak); memory_report prints the steps' peak to compare."""
     blocks = len(decoder_layers(trainer.compute))
     dataset, per_pass = step_dataset(trainer), trainer.rows // trainer.args.batch_size
     passes = [p for step in range(start, trainer.total, max(1, (trainer.total - start) // 64))
               for _, p, _ in split_passes(*dataset[step], per_pass)]
     largest = max(passes, key=lambda p: sum(len(s["ids"]) for seqs in p.values() for s in seqs))
+    cuda = trainer.device.type == "cuda"
+    if cuda:                                # the probe's own peak, transients included, above what is allocated now
+        before = torch.cuda.memory_allocated(trainer.device)
+        torch.cuda.reset_peak_memory_stats(trainer.device)
     try:
         saved = saved_for_backward(trainer, largest)
     except torch.OutOfMemoryError:
         saved = None
-    if trainer.device.type == "cuda":
+    probe = (f"; its forward and loss peaked {(torch.cuda.max_memory_allocated(trainer.device) - before) / 2**30:.3g} "
+             "GiB above the memory allocated before it") if cuda else ""
+    if cuda:
         torch.cuda.empty_cache()            # the probe's blocks back to the device, not cached in its sizes
+        torch.cuda.reset_peak_memory_stats(trainer.device)     # memory_report: the steps' peak, not the probe's
     static = static_bytes(trainer)
     budget = trainer.plan["memory"] or MEMORY_SHARE * torch.cuda.get_device_properties(trainer.device).total_memory
     n = blocks if saved is None else next(
         (n for n in range(blocks + 1) if peak_estimate(static, saved, blocks, n) <= budget), blocks)
     estimate = "the largest pass's forward ran out of memory" if saved is None else (
         f"estimated peak {peak_estimate(static, saved, blocks, n) / 2**30:.3g} GiB: static {static / 2**30:.3g}, the "
-        f"largest pass saves {saved['blocks'] / 2**30:.3g} in its blocks and {saved['rest'] / 2**30:.3g} outside them")
+        f"largest pass saves {saved['blocks'] / 2**30:.3g} in its blocks and {saved['rest'] / 2**30:.3g} outside them{probe}")
     print0(f"[{trainer.stage_name}] --recompute-blocks auto: {n} of {blocks} decoder blocks recomputed in backward "
            f"for a peak of at most {budget / 2**30:.3g} GiB ({estimate})")
     return n
@@ -1242,10 +1249,11 @@ def add_run_and_speed_flags(p):
                    help="left-pad every sequence to the pass's longest instead of packing several into a row "
                         "(model.packable: models whose every layer is full attention pack; the same losses up to "
                         "rounding, fewer padded positions)")
-    p.add_argument("--recompute-blocks", default="auto", metavar="N",
+    p.add_argument("--recompute-blocks", default="0", metavar="N",
                    help="memory: the first N decoder blocks keep only their input for backward and run their forward "
                         "again there (activation checkpointing; the same gradients, slower); one device, eager. auto: "
-                        "on one GPU (eager), the fewest that keep a step's estimated peak within --memory-gib")
+                        "on one GPU (eager), the fewest that keep a step's estimated peak within --memory-gib (opt-in: "
+                        "on an H100 the estimate fell short, BENCHMARKS.md)")
     p.add_argument("--memory-gib", type=float, default=None, metavar="G",
                    help="--recompute-blocks auto: the GiB a step may peak at (default: 0.8 of the GPU's memory, "
                         "train.MEMORY_SHARE; without a GPU, none: no block recomputed unless it is given)")
@@ -1289,7 +1297,7 @@ def resolve_args(args):
     if args.compile == "graphs" and world > 1:
         raise data.UserError("--compile graphs runs on one GPU; under torchrun (FSDP) use --compile blocks")
     if args.recompute_blocks != "auto":
-        if not args.recompute_blocks.isdigit() or (int(args.recompute_blocks) and (world > 1 or args.compile)):
+        if not str(args.recompute_blocks).isdigit() or (int(args.recompute_blocks) and (world > 1 or args.compile)):
             raise data.UserError(f"--recompute-blocks {args.recompute_blocks}: auto or N >= 0, and N > 0 only on one "
                                  "device without --compile (the only way it is tested)")
         args.recompute_blocks = int(args.recompute_blocks)

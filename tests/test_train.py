@@ -181,7 +181,7 @@ def test_recomputed_blocks_give_the_same_gradients(tiny_model_path, tmp_path, me
 
 
 def test_recompute_blocks_auto_sizes_the_blocks_from_memory(tiny_model_path, tmp_path, capsys):
-    """--recompute-blocks auto (the default; sized where a GPU or --memory-gib gives a budget): before step 1
+    """--recompute-blocks auto (opt-in; sized where a GPU or --memory-gib gives a budget): before step 1
     the largest pass's forward and loss run once, their saved tensors counted; the blocks recomputed are the
     fewest whose estimated peak fits the budget. peak_estimate checked by hand; the measurement against
     its tensors' sizes; the choice at budgets that need none, some (3 of 8) and more than all can give."""
@@ -193,7 +193,8 @@ def test_recompute_blocks_auto_sizes_the_blocks_from_memory(tiny_model_path, tmp
     with pytest.MonkeyPatch.context() as m:          # spies: the run's own numbers, returned unchanged
         m.setattr(train, "saved_for_backward", lambda *a: measured.append(saved_for_backward(*a)) or measured[-1])
         m.setattr(train, "static_bytes", lambda *a: statics.append(static_bytes(*a)) or statics[-1])
-        common = ["--lr", "1e-3", "--max-steps", "1", "--global-batch", "16", "--batch-size", "4", "--no-save"]
+        common = ["--lr", "1e-3", "--max-steps", "1", "--global-batch", "16", "--batch-size", "4", "--no-save",
+                  "--recompute-blocks", "auto"]
         run(tiny_model_path, tmp_path / "roomy", "jensunpp", *common, "--memory-gib", "1000")
         assert "0 of 8 decoder blocks recomputed" in capsys.readouterr().out
         got, static = measured[0], statics[0]
@@ -213,9 +214,12 @@ def test_recompute_blocks_auto_sizes_the_blocks_from_memory(tiny_model_path, tmp
         run(tiny_model_path, tmp_path / "bf16", "jensunpp", *common, "--memory-gib", "1000", "--precision", "bf16",
             "--physical-batch", "16")
         assert statics[-1] == train.WORKSPACE_BYTES + (4 + 8 + 2 + 2 + 2) * n + train.OPTIMIZER_CHUNK_BYTES
+    auto = train.resolve_args(train.parse_args(["--method", "jensunpp", "--model", tiny_model_path, "--recompute-blocks", "auto"]))
+    assert train.make_plan(auto, torch.device("cpu"), 1)["recompute"] == 0      # no GPU, no --memory-gib: none
+    assert train.make_plan(auto, torch.device("cuda"), 2)["recompute"] == 0     # FSDP: none
+    assert train.make_plan(auto, torch.device("cuda"), 1)["recompute"] == "auto"
     default = train.resolve_args(train.parse_args(["--method", "jensunpp", "--model", tiny_model_path]))
-    assert train.make_plan(default, torch.device("cpu"), 1)["recompute"] == 0      # no GPU, no --memory-gib: none
-    assert train.make_plan(default, torch.device("cuda"), 2)["recompute"] == 0     # FSDP: none
+    assert train.make_plan(default, torch.device("cuda"), 1)["recompute"] == 0  # not the default (BENCHMARKS.md)
     with pytest.raises(data.UserError, match="--memory-gib"):
         train.resolve_args(train.parse_args(["--method", "jensunpp", "--model", tiny_model_path, "--recompute-blocks", "2",
                                              "--memory-gib", "9"]))
@@ -800,10 +804,10 @@ def test_plan_decides_every_acceleration_once(tiny_model_path):
     assert on_gpu["compute_copy"] and on_gpu["pack"] == torch.bfloat16 and on_gpu["ref_graphs"] and on_gpu["gpu"]
     assert train.describe_plan(on_gpu) == (
         "plan: bf16 compute copy over fp32 masters, packed rows (sdpa mem-efficient attention), 32 rows per pass "
-        "(halved if memory runs out), eager, the fewest blocks recomputed in backward for a peak of 0.8 of the GPU, "
-        "frozen model replayed from CUDA graphs, fused rmsnorm+rotary, lean SwiGLU backward, data worker, statistics "
+        "(halved if memory runs out), eager, frozen model replayed from CUDA graphs, fused rmsnorm+rotary, lean SwiGLU backward, data worker, statistics "
         "a step late, non-finite gradients skipped on the device, FSDP off")
-    assert "blocks recomputed" not in train.describe_plan(plan(gpu, 1, "--recompute-blocks", "0"))
+    assert "the fewest blocks recomputed in backward for a peak of 0.8 of the GPU, frozen" in train.describe_plan(
+        plan(gpu, 1, "--recompute-blocks", "auto"))
     assert not plan(gpu, 1, "--eager-reference")["ref_graphs"]
     graphs = plan(gpu, 1, "--compile", "graphs")
     assert (graphs["pack"], graphs["attention"], graphs["fused"], graphs["ref_graphs"]) == (None, "eager", False, False)
