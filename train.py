@@ -214,16 +214,29 @@ def full_state_dict(model):
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def host_copy(state):
+    """The state dict on the CPU, a tensor that two keys share (tied embeddings) copied once."""
+    copies, out = {}, {}
+    for k, v in state.items():
+        same = (v.data_ptr(), v.shape, v.stride(), v.dtype)
+        if same not in copies:
+            copies[same] = v.detach().cpu()
+        out[k] = copies[same]
+    return out
+
+
 def export(model, tokenizer, config, folder, rank):
     """Save a Hugging Face folder (safetensors, config, tokenizer) that from_pretrained loads."""
-    state = full_state_dict(model) if dist.is_initialized() else {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    state = full_state_dict(model) if dist.is_initialized() else host_copy(model.state_dict())
     if rank == 0:
         from transformers import AutoModelForCausalLM
         folder = Path(folder)
         tmp = folder.with_name(folder.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        clean.load_state_dict(state)
+        with torch.device("meta"):          # no random init: the state's tensors become the clean model's own
+            clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        clean.load_state_dict(state, assign=True)
+        clean.tie_weights()
         clean.generation_config = getattr(model, "generation_config", clean.generation_config)
         clean.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

@@ -91,6 +91,22 @@ def test_loss_goes_down_and_export_round_trip(tiny_model_path, tmp_path):
     assert (defaults.epochs, defaults.batch_size, defaults.global_batch) == (10, 8, 32)   # the authors' relearning
 
 
+def test_export_writes_the_weights_it_is_given(tiny_model_path, tmp_path):
+    """train.export builds the clean model on the meta device and takes the state's tensors as its own (no
+    random init, no copy): the folder reloads to the same weights, bit for bit, with the embeddings still tied."""
+    model, tokenizer = load_model(tiny_model_path)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.25)                         # weights no fresh init would give
+    train.export(model, tokenizer, model.config, tmp_path / "final", 0)
+    again, _ = load_model(str(tmp_path / "final"))
+    want, got = model.state_dict(), again.state_dict()
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    assert again.lm_head.weight.data_ptr() == again.model.embed_tokens.weight.data_ptr()
+    host = train.host_copy(model.state_dict())          # a tied tensor is copied to the host once
+    assert host["lm_head.weight"] is host["model.embed_tokens.weight"]
+
+
 def test_gradient_accumulation_equivalence(tiny_model_path, tmp_path):
     """Losses that average per example (JensUn++, NPO's forget term) give the same update from 2
     micro-batches of 2 as from 1 of 4 at a global batch of 4. The baselines' token means are per
