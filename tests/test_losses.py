@@ -280,10 +280,12 @@ def test_cyclic_and_full_sequences():
 
 def test_balance_alpha_is_ratio_of_logit_gradient_norms():
     """Eq. 4 per loss micro-batch: two micro-batches share the logits (rows 0, 2 and rows 1, 3), and
-    each alpha is the ratio of its own losses' gradient norms; 1 where a loss is below eps."""
+    each alpha is the ratio of its own losses' gradient norms; 1 where a loss is below eps. (Each loss positive
+    whatever the draw: a retain loss below eps would take the rule for small losses.)"""
+    torch.manual_seed(0)
     logits = torch.randn(4, 3, 7, requires_grad=True)
     L_f = torch.stack([(logits[0] ** 2).sum() * 0.1, (logits[1] ** 2).sum() * 0.1])
-    L_r = torch.stack([(logits[2] * 3).sum(), (logits[3] * 5).sum()])
+    L_r = torch.stack([(logits[2] * 3).sum().abs(), (logits[3] * 5).sum().abs()])
     expected = [torch.full((3, 7), c).norm() / (0.2 * logits[row].detach().norm() + 1e-5) for c, row in ((3.0, 0), (5.0, 1))]
     alpha = train.balance_alpha(L_f, L_r, logits, torch.tensor([0, 1, 0, 1]))
     assert alpha.tolist() == pytest.approx([e.item() for e in expected], rel=1e-5)
