@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 IGNORE = -100
 LOG2 = math.log(2.0)
+JS_CHUNK_POSITIONS = 512    # js_divergence: positions per checkpointed chunk (512 x 128k fp32 logits: 256 MiB)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -63,8 +64,21 @@ def js_to_onehot(logp_target):
     return LOG2 + 0.5 * (p * logp_target - (1 + p) * torch.log1p(p))
 
 
-def js_divergence(logits_p, logits_q):
-    """General JS(p || q) per position over the vocabulary, (B, K); natural log."""
+def js_divergence(logits_p, logits_q, positions=None):
+    """General JS(p || q) per position over the vocabulary, (B, K); natural log. Under autograd on a GPU it runs
+    over rows of about `positions` (JS_CHUNK_POSITIONS) positions at a time, each chunk's vocabulary-sized
+    intermediates made again in backward (activation checkpointing): the same values, one chunk's intermediates
+    alive instead of about ten (B, K, V) tensors (for a 3B Llama's 128k vocabulary, gigabytes; issue 52). On a
+    CPU, where memory is not what bounds a run and the recomputation costs time, in one piece."""
+    positions = positions or (JS_CHUNK_POSITIONS if logits_p.is_cuda else 0)
+    if not (positions and torch.is_grad_enabled() and logits_p.requires_grad):
+        return _js_per_position(logits_p, logits_q)
+    rows = max(1, positions // max(1, logits_p.shape[1]))
+    return torch.cat([torch.utils.checkpoint.checkpoint(_js_per_position, logits_p[i:i + rows], logits_q[i:i + rows],
+                                                        use_reentrant=False) for i in range(0, len(logits_p), rows)])
+
+
+def _js_per_position(logits_p, logits_q):
     logp, logq = F.log_softmax(logits_p, -1), F.log_softmax(logits_q, -1)
     logm = torch.logaddexp(logp, logq) - LOG2
     kl_pm = (logp.exp() * (logp - logm)).sum(-1)

@@ -217,6 +217,25 @@ def test_js_onehot_closed_form_equals_general_js():
     assert losses.js_to_onehot(torch.tensor(-1e4)).item() == pytest.approx(math.log(2))
 
 
+def test_js_in_checkpointed_chunks_gives_the_same_values_and_gradients():
+    """Under autograd js_divergence runs in chunks of rows whose intermediates backward makes again: the values
+    equal the one-piece computation exactly, the gradients to fp32 rounding, whatever the chunk (one row, a
+    size that does not divide the rows, all rows); without autograd, or on a CPU by default, in one piece."""
+    torch.manual_seed(0)
+    q = torch.randn(7, 9, 50) * 2
+    whole_p = (torch.randn(7, 9, 50) * 2).requires_grad_()
+    whole = losses._js_per_position(whole_p, q)
+    (whole * torch.linspace(0, 1, 9)).sum().backward()
+    for positions in (1, 20, 10_000):
+        p = whole_p.detach().clone().requires_grad_()
+        js = losses.js_divergence(p, q, positions=positions)
+        (js * torch.linspace(0, 1, 9)).sum().backward()
+        assert torch.equal(js, whole) and torch.allclose(p.grad, whole_p.grad, rtol=1e-6, atol=1e-8)
+    with torch.no_grad():
+        assert torch.equal(losses.js_divergence(whole_p, q, positions=1), whole)
+    assert losses.js_divergence(whole_p, q).grad_fn.name() != "CatBackward0"       # CPU default: one piece
+
+
 def test_jensun_and_jensunpp_by_hand():
     # retain: identical policy and reference -> 0; forget: JS to one-hot at each target, weighted
     out = {"mixed": view(LOGITS, LABELS, "jensunpp"), "refusal": view(LOGITS, LABELS),
