@@ -19,6 +19,7 @@ evaluate.py wrote for a sequential run (RUN/eval, one subfolder per stage). Ever
 rubric (agreement, recall and precision of YES) and the fact-level metrics (evaluate.compute_metrics).
 """
 import argparse
+import collections
 import hashlib
 import json
 import random
@@ -836,7 +837,7 @@ def rejudge_command(args):
     """`report.py rejudge EVAL_DIR ...`: each evaluation's rows.jsonl judged again by the offline judge (in place:
     kept archives follow the judge), its metrics.json and report.md recomputed (evaluate.rescore); prints the
     verdicts that moved, per evaluation and in all."""
-    new_judge, moved_in_all = judge.make_judge(args.judge), {}
+    new_judge, moved_in_all = judge.make_judge(args.judge), collections.Counter()
     for eval_dir in args.evals:
         path = Path(eval_dir) / "rows.jsonl"
         try:
@@ -844,17 +845,14 @@ def rejudge_command(args):
         except (ValueError, OSError) as e:
             raise data.UserError(str(e)) from None
         again = rejudge(rows, new_judge)
-        moved = {}
-        for old, new in zip(rows, again):
-            for key in VERDICT_RUBRIC:
-                if key in old["verdicts"] and old["verdicts"][key] != new["verdicts"][key]:
-                    move = f"{key} {old['verdicts'][key]} -> {new['verdicts'][key]}"
-                    moved[move] = moved.get(move, 0) + 1
-                    moved_in_all[move] = moved_in_all.get(move, 0) + 1
+        moved = collections.Counter(f"{key} {old['verdicts'][key]} -> {new['verdicts'][key]}"
+                                    for old, new in zip(rows, again) for key in VERDICT_RUBRIC
+                                    if key in old["verdicts"] and old["verdicts"][key] != new["verdicts"][key])
+        moved_in_all.update(moved)
         write_jsonl(path, again)
         evaluate.rescore(eval_dir)
-        print(f"{eval_dir}: {len(rows)} rows; moved: {moved or 'none'}", flush=True)
-    print(f"all {len(args.evals)}: moved: {moved_in_all or 'none'}")
+        print(f"{eval_dir}: {len(rows)} rows; moved: {dict(moved) or 'none'}", flush=True)
+    print(f"all {len(args.evals)}: moved: {dict(moved_in_all) or 'none'}")
 
 
 def agree_command(args):

@@ -570,9 +570,10 @@ def size_recompute(trainer, start):
         saved = saved_for_backward(trainer, largest)
     except torch.OutOfMemoryError:
         saved = None
-    probe = (f"; its forward and loss peaked {(torch.cuda.max_memory_allocated(trainer.device) - before) / 2**30:.3g} "
-             "GiB above the memory allocated before it") if cuda else ""
+    probe = ""
     if cuda:
+        probe = (f"; its forward and loss peaked {peak_memory_gb(trainer.device) - before / 2**30:.3g} GiB above "
+                 "the memory allocated before it")
         torch.cuda.empty_cache()            # the probe's blocks back to the device, not cached in its sizes
         torch.cuda.reset_peak_memory_stats(trainer.device)     # memory_report: the steps' peak, not the probe's
     static = static_bytes(trainer)
