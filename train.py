@@ -600,7 +600,9 @@ def saved_for_backward(trainer, seqs):
         if t.untyped_storage().data_ptr() not in seen:
             seen.add(t.untyped_storage().data_ptr())
             saved["blocks" if inside else "rest"] += t.untyped_storage().nbytes()
-        return t
+        # an alias, not the tensor: a saved output returned as itself is a reference cycle through its grad_fn
+        # that outlives the probe, all its activations with it (PyTorch's saved_tensors_hooks docs)
+        return t.detach()
 
     def enter(module, args, kwargs):
         inside.append(module)
