@@ -657,7 +657,7 @@ def agree(path, new_judge, show=15, progress=None, out=print):
 # ----------------------------------------------------------------------------------------------
 # A labelled set for the judge: answers sampled from many runs, split by run
 
-# Per run, how many distinct answers of each kind to draw (forget asked alone or with context, adversarial, retain).
+# Per evaluated model (a run's stage), how many distinct answers of each kind to draw (forget asked alone or with context, adversarial, retain).
 SAMPLE_QUOTA = {("forget", "alone"): 6, ("forget", "context"): 2, ("adversarial", "alone"): 2, ("retain", "alone"): 4}
 
 
@@ -671,26 +671,26 @@ def run_of(eval_dir, root):
 
 
 def sample_rows(eval_dirs, root, seed=0, quota=SAMPLE_QUOTA):
-    """A labelling sample: from every run (its evaluations together), for each kind of row in `quota`, that many
-    distinct answers drawn at random (one row per distinct answer, so that a run's one refusal is one item, not
-    hundreds); each item keeps its row and gains "run", "stage" and "split". Runs alternate between the
-    "tune" and "heldout" halves in a seeded order within each kind of run (the folder under RUNS: sweep, seq, ...),
-    so that both halves hold every kind, and a run never spans both."""
-    by_run = {}
+    """A labelling sample: from every evaluated model (a run's stage: fact_gaps compares each), for each kind of
+    row in `quota`, that many distinct answers drawn at random (one row per distinct answer, so that a model's one
+    refusal is one item, not hundreds); each item keeps its row and gains "run", "stage" and "split". Runs
+    alternate between the "tune" and "heldout" halves in a seeded order within each kind of run (the folder
+    under RUNS: sweep, seq, ...), so that both halves hold every kind, and a run (all its stages) never spans both."""
+    by_model = {}
     for d in eval_dirs:
         run, stage = run_of(d, root)
         for r in read_rows(Path(d) / "rows.jsonl"):
-            by_run.setdefault(run, []).append(dict(r, run=run, stage=stage))
+            by_model.setdefault((run, stage), []).append(dict(r, run=run, stage=stage))
     kinds = {}
-    for run in by_run:
+    for run in sorted({run for run, _ in by_model}):
         kinds.setdefault(run.split("/")[0], []).append(run)
     split = {}
     for runs in kinds.values():
         runs.sort(key=lambda r: hashlib.sha256(f"{seed}-{r}".encode()).hexdigest())
         split.update({r: ("tune", "heldout")[i % 2] for i, r in enumerate(runs)})
     out = []
-    for run, rows in sorted(by_run.items()):
-        rng = random.Random(f"{seed}-{run}")
+    for (run, stage), rows in sorted(by_model.items()):
+        rng = random.Random(f"{seed}-{run}-{stage}")
         for (name, fmt), n in quota.items():
             pool = [r for r in rows if r["set"] == name and r.get("format", "alone") == fmt]
             rng.shuffle(pool)
@@ -713,7 +713,8 @@ def sample_command(args):
     rows = sample_rows(args.evals, args.root, seed=args.seed)
     write_jsonl(args.out, rows)
     halves = {h: sum(r["split"] == h for r in rows) for h in ("tune", "heldout")}
-    print(f"{args.out}: {len(rows)} items from {len({r['run'] for r in rows})} runs ({halves['tune']} tune, "
+    models, runs = len({(r["run"], r["stage"]) for r in rows}), len({r["run"] for r in rows})
+    print(f"{args.out}: {len(rows)} items from {models} evaluated models of {runs} runs ({halves['tune']} tune, "
           f"{halves['heldout']} held out)")
 
 

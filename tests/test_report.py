@@ -198,10 +198,10 @@ def test_lkf_tables_in_the_papers_layouts(tmp_path):
 
 
 def test_labelling_sample_draws_distinct_answers_and_splits_by_run(tmp_path, capsys):
-    """report.py sample: per run, at most the quota of distinct answers of each kind (a refusal given to every
-    question is one item); every item keeps its row, names its run and stage, and carries INVALID verdicts to
-    be labelled; runs alternate between the halves within each kind (sweep, seq), no run spans both, and the
-    same seed draws the same sample."""
+    """report.py sample: per evaluated model (a run's stage), at most the quota of distinct answers of each kind
+    (a refusal given to every question is one item); every item keeps its row, names its run and stage, and
+    carries INVALID verdicts to be labelled; runs alternate between the halves within each kind (sweep, seq), no
+    run spans both (a sequential run's stages stay together), and the same seed draws the same sample."""
     root = tmp_path / "small"
 
     def rows_of(n_refusals, n_other, sets=("forget", "retain")):
@@ -227,20 +227,21 @@ def test_labelling_sample_draws_distinct_answers_and_splits_by_run(tmp_path, cap
         by_run.setdefault(it["run"], []).append(it)
     assert set(by_run) == {"sweep/a-lr1", "sweep/b-lr1", "seq/a-sequential", "seq/b-sequential"}
     for run, its in by_run.items():
-        forget = [i for i in its if i["set"] == "forget"]
-        answers = [" ".join(i["answer"].split()) for i in forget]
-        assert len(answers) == len(set(answers)) and len(forget) == 4    # 30 refusals, 3 others: 4 distinct (quota 6)
-        assert sum(a == "Unfortunately, no." for a in answers) == 1
-        assert len([i for i in its if i["set"] == "retain"]) == 4 and len({i["split"] for i in its}) == 1
-        assert all(set(i["verdicts"].values()) == {"INVALID"} for i in its)
+        assert len({i["split"] for i in its}) == 1 and all(set(i["verdicts"].values()) == {"INVALID"} for i in its)
+        for stage in {i["stage"] for i in its}:
+            forget = [i for i in its if i["set"] == "forget" and i["stage"] == stage]
+            answers = [" ".join(i["answer"].split()) for i in forget]
+            assert len(answers) == len(set(answers)) and len(forget) == 4    # 30 refusals, 3 others: 4 distinct (quota 6)
+            assert sum(a == "Unfortunately, no." for a in answers) == 1
+            assert len([i for i in its if i["set"] == "retain" and i["stage"] == stage]) == 4
     assert {by_run["sweep/a-lr1"][0]["split"], by_run["sweep/b-lr1"][0]["split"]} == {"tune", "heldout"}
     assert {by_run["seq/a-sequential"][0]["split"], by_run["seq/b-sequential"][0]["split"]} == {"tune", "heldout"}
-    assert {i["stage"] for i in by_run["seq/a-sequential"]} <= {"stage1_t", "stage2_u"}
+    assert {i["stage"] for i in by_run["seq/a-sequential"]} == {"stage1_t", "stage2_u"}       # each stage its quota
     assert report.sample_rows(dirs, root, seed=1) == items
     out = tmp_path / "sample.jsonl"
     report.main(["sample", str(out), *dirs, "--root", str(root), "--seed", "1"])
     assert [json.loads(l) for l in out.read_text().splitlines()] == items
-    assert f"{len(items)} items from 4 runs" in capsys.readouterr().out
+    assert f"{len(items)} items from 5 evaluated models of 4 runs" in capsys.readouterr().out
 
 
 def test_packet_shows_what_the_judge_sees_and_merge_takes_the_majority(tmp_path, capsys):
