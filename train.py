@@ -58,7 +58,8 @@ BLOCKS_PER_GROUP = 4
 OPTIMIZER_CHUNK_BYTES = 1 << 30
 # --recompute-blocks auto plans a step's peak to fit this share of the GPU (issue 52: at most 64 of an H100's 80),
 # leaving WORKSPACE_BYTES of it for what no pass saves: the frozen model's CUDA graph pools, cuBLAS, allocator slack.
-# On an H100 (93f36fb, BENCHMARKS.md) JensUn++ ran out of memory where it planned 63 GiB: auto is not the default.
+# On an H100 (93f36fb, BENCHMARKS.md) JensUn++ ran out of memory where it planned 63 GiB, its sizing pass leaked
+# (fixed in 1f7506d): auto is not the default until measured there again.
 MEMORY_SHARE = 0.8
 WORKSPACE_BYTES = 2 << 30
 MAX_SKIPPED_IN_A_ROW = 10   # non-finite gradients this many steps running stop the run: it is not training
@@ -493,7 +494,7 @@ def describe_plan(plan):
              "bf16 compute over fp32 masters (FSDP mixed precision)" if plan["bf16"] else "fp32",
              (f"packed rows ({'sdpa mem-efficient' if plan['attention'] == 'sdpa' else 'eager'} attention)"
               if plan["pack"] else "left-padded rows (eager attention)"),
-             f"{plan['rows']} rows per pass" + (" (halved if memory runs out)" if plan["shrink"] else ""),
+             f"{plan['rows']} rows per pass" + (" (if memory runs out: every block recomputed, then halved)" if plan["shrink"] else ""),
              compiled + recomputed, frozen,
              ("fused rmsnorm+rotary" if plan["gpu"] else "fused rmsnorm") if plan["fused"] else "no fused kernels",
              *(["lean SwiGLU backward"] if plan["lean_mlp"] else []),
@@ -546,9 +547,12 @@ def build_models(args, plan, spec, hp, model_path, device, world, loaded=None):
 def recompute_blocks(model, n):
     """--recompute-blocks N: the first N decoder blocks save only their input for backward, which runs their
     forward again (torch.utils.checkpoint, non-reentrant; module hooks such as RMU's stay outside it). A 3B
-    JensUn++ pass of 32 rows holds about 20 GiB of activations on an H100 (BENCHMARKS.md), mostly the blocks'."""
+    JensUn++ pass of 32 rows holds about 20 GiB of activations on an H100 (BENCHMARKS.md), mostly the blocks'.
+    A block already recomputed is left as it is."""
     for block in decoder_layers(model)[:n]:
-        block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)
+        if not getattr(block, "recomputed", False):
+            block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)
+            block.recomputed = True
 
 
 def size_recompute(trainer, start):
@@ -697,7 +701,8 @@ class Trainer:
         self.args, self.rank, self.world, self.device = args, rank, world, device
         self.plan = plan or make_plan(args, device, world)
         self.spec = losses.METHODS[args.method]
-        self.rows = args.physical_batch          # rows per forward pass (halved on running out of memory)
+        self.rows = args.physical_batch          # rows per forward pass (halved on running out of memory: shrink)
+        self.recompute_all = False               # every block recomputed (the first relief from running out of memory)
         self.ref_tokens = 0                      # a step's tokens through the frozen model (benchmarks)
 
     def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta, loaded=None):
@@ -729,7 +734,9 @@ class Trainer:
                f"{args.global_batch} (loss micro-batches of {args.batch_size} x {self.world} process(es), "
                f"{self.rows} rows per forward pass), {self.total} steps")
         with fused_rotary(self.compute):             # rotary embeddings as one kernel on a GPU (model.py)
-            if self.plan["recompute"] == "auto":
+            if self.recompute_all:                   # a stage before this one ran out of memory
+                recompute_blocks(self.compute, len(decoder_layers(self.compute)))
+            elif self.plan["recompute"] == "auto":
                 recompute_blocks(self.compute, size_recompute(self, start))
             self.train(start, lambda_r)
         return self.export_stage(tokenizer, config)
@@ -848,26 +855,38 @@ class Trainer:
 
     def step_with_retry(self, *batch):
         """self.step; under --physical-batch auto on one process (plan["shrink"]: under FSDP one rank alone
-        would change its passes and its collectives), redone from clean gradients with half the rows per
-        pass while a pass runs out of memory (the failed step changed nothing else: lambda_r is the loop's)."""
+        would change its passes and its collectives), redone from clean gradients with less memory (shrink)
+        while a pass runs out of memory (the failed step changed nothing else: lambda_r is the loop's)."""
         while True:
             self.ref_tokens = 0
             try:
                 return self.step(*batch)
             except torch.OutOfMemoryError:
-                if not (self.plan["shrink"] and self.rows > self.args.batch_size):
+                if not (self.plan["shrink"] and (self.can_recompute_more() or self.rows > self.args.batch_size)):
                     raise
             self.shrink()                       # outside the handler: its frames hold the pass's tensors
 
+    def can_recompute_more(self):
+        """Whether a decoder block is not yet recomputed in backward where blocks can be (eager: make_plan)."""
+        return not self.recompute_all and not self.plan["compile"]
+
     def shrink(self):
-        """After running out of memory: half the rows per forward pass, in whole loss micro-batches."""
-        batch_size = self.args.batch_size
-        self.rows = max(batch_size, self.rows // 2 // batch_size * batch_size)
-        self.build_layouts()                    # filled rows follow; the frozen model's graphs free their memory
+        """After running out of memory: first every decoder block recomputed in backward (the same step in one
+        pass; several passes would sum their gradients in fp32, 4 bytes a parameter more: Updates), then half
+        the rows per forward pass, in whole loss micro-batches."""
+        if self.can_recompute_more():
+            self.recompute_all = True
+            recompute_blocks(self.compute, len(decoder_layers(self.compute)))
+            relief = "every decoder block recomputed in backward"
+        else:
+            batch_size = self.args.batch_size
+            self.rows = max(batch_size, self.rows // 2 // batch_size * batch_size)
+            self.build_layouts()                # filled rows follow; the frozen model's graphs free their memory
+            relief = f"{self.rows} rows per forward pass"
         self.updates.discard()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        print0(f"[{self.stage_name}] out of memory: {self.rows} rows per forward pass from now on")
+        print0(f"[{self.stage_name}] out of memory: {relief} from now on")
 
     def checkpoint(self, step, lambda_r):
         """Save the resumable state after `step`. SUITE_CRASH_AFTER_CHECKPOINT=N stops the process right
@@ -1198,7 +1217,8 @@ def parse_args(argv=None):
     p.add_argument("--physical-batch", default="auto",
                    help="rows per forward pass per process, a multiple of --batch-size: several loss micro-batches share "
                         "one forward and backward, each keeping its own means and alpha (the same computation, faster). "
-                        "auto: the process's whole share of --global-batch, halved on one device while it runs out of memory")
+                        "auto: the process's whole share of --global-batch; on one device, out of memory, every block recomputed, "
+                        "then halved while it still runs out")
     add_objective_flags(p)
     add_run_and_speed_flags(p)
     p.add_argument("--seed", type=int, default=0)

@@ -212,7 +212,7 @@ def test_recompute_blocks_auto_sizes_the_blocks_from_memory(tiny_model_path, tmp
     def probe(*a):           # the run's own numbers, returned unchanged; and what the probe left alive
         measured.append(saved_for_backward(*a))
         gc.collect()
-        left.append(sum(isinstance(o, torch.Tensor) and o.grad_fn is not None for o in gc.get_objects()))
+        left.append(sum(issubclass(type(o), torch.Tensor) and o.grad_fn is not None for o in gc.get_objects()))
         return measured[-1]
 
     with pytest.MonkeyPatch.context() as m:          # spies
@@ -288,22 +288,34 @@ def test_loss_micro_batches_sharing_a_pass_equal_one_pass_each(tiny_model_path, 
 
 
 def test_physical_batch_auto_halves_on_running_out_of_memory(tiny_model_path, tmp_path, monkeypatch, capsys):
-    """--physical-batch auto starts with the whole global batch in one pass; a pass of more than 8 rows
-    here runs out of memory, so the step is redone at 8 rows, and the run ends where one at 8 rows does."""
+    """--physical-batch auto starts with the whole global batch in one pass. Running out of memory, the step is
+    redone first with every decoder block recomputed in backward (one pass still), then with half the rows:
+    where recomputing is enough, the run ends where one with every block recomputed does; where a pass of more
+    than 8 rows never fits, where one at 8 rows with every block recomputed does."""
     common = ["--lr", "1e-3", "--max-steps", "3", "--global-batch", "16", "--batch-size", "4"]
-    run(tiny_model_path, tmp_path / "eight", "jensunpp", *common, "--physical-batch", "8")
     forward = Layout.forward
 
-    def small_memory(layout, model, seqs_by_view, *a, **k):
-        if len(next(iter(seqs_by_view.values()))) > 8:
-            raise torch.OutOfMemoryError("test: more than 8 rows")
-        return forward(layout, model, seqs_by_view, *a, **k)
-    monkeypatch.setattr(Layout, "forward", small_memory)
-    log = run(tiny_model_path, tmp_path / "auto", "jensunpp", *common)
-    assert "16 rows per forward pass" in capsys.readouterr().out.split("out of memory")[0]
-    assert len(log) == 3
-    a, b = weights(tmp_path / "auto" / "final"), weights(tmp_path / "eight" / "final")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    def small_memory(recomputed_fits):
+        def layout_forward(layout, model, seqs_by_view, *a, **k):
+            recomputed = getattr(train.decoder_layers(model)[-1], "recomputed", False)      # the trained model's
+            if model.training and len(next(iter(seqs_by_view.values()))) > 8 and not (recomputed_fits and recomputed):
+                raise torch.OutOfMemoryError("test: more than 8 rows")
+            return forward(layout, model, seqs_by_view, *a, **k)
+        return layout_forward
+
+    for name, fits, rows in [("recompute", True, "16"), ("eight", False, "8")]:
+        run(tiny_model_path, tmp_path / f"{name}_ref", "jensunpp", *common, "--physical-batch", rows, "--recompute-blocks", "8")
+        capsys.readouterr()
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(Layout, "forward", small_memory(fits))
+            log = run(tiny_model_path, tmp_path / name, "jensunpp", *common)
+        out = capsys.readouterr().out
+        assert "16 rows per forward pass" in out.split("out of memory")[0] and len(log) == 3
+        assert "out of memory: every decoder block recomputed in backward from now on" in out
+        assert ("out of memory: 8 rows per forward pass from now on" in out) == (not fits)
+        a, b = weights(tmp_path / name / "final"), weights(tmp_path / f"{name}_ref" / "final")
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    monkeypatch.setattr(Layout, "forward", small_memory(False))
     with pytest.raises(torch.OutOfMemoryError):       # a number the user chose is kept, and the error shown
         run(tiny_model_path, tmp_path / "fixed", "jensunpp", *common, "--physical-batch", "16")
     for bad in ("6", "2", "many"):
@@ -825,14 +837,15 @@ def test_plan_decides_every_acceleration_once(tiny_model_path):
     plan = lambda device, world, *flags: train.make_plan(
         train.parse_args(["--method", "jensunpp", "--model", tiny_model_path, *flags]), device, world)
     line = train.describe_plan(plan(cpu, 1, "--precision", "fp32"))
-    assert line == ("plan: fp32, packed rows (sdpa mem-efficient attention), 32 rows per pass (halved if memory "
-                    "runs out), eager, frozen model eager, fused rmsnorm, lean SwiGLU backward, data in this process, "
+    assert line == ("plan: fp32, packed rows (sdpa mem-efficient attention), 32 rows per pass (if memory runs "
+                    "out: every block recomputed, then halved), eager, frozen model eager, fused rmsnorm, lean SwiGLU backward, data in this process, "
                     "non-finite gradients skipped on the host, FSDP off"), line
     on_gpu = plan(gpu, 1)
     assert on_gpu["compute_copy"] and on_gpu["pack"] == torch.bfloat16 and on_gpu["ref_graphs"] and on_gpu["gpu"]
     assert train.describe_plan(on_gpu) == (
         "plan: bf16 compute copy over fp32 masters, packed rows (sdpa mem-efficient attention), 32 rows per pass "
-        "(halved if memory runs out), eager, frozen model replayed from CUDA graphs, fused rmsnorm+rotary, lean SwiGLU backward, data worker, statistics "
+        "(if memory runs out: every block recomputed, then halved), eager, frozen model replayed from CUDA graphs, "
+        "fused rmsnorm+rotary, lean SwiGLU backward, data worker, statistics "
         "a step late, non-finite gradients skipped on the device, FSDP off")
     assert "the fewest blocks recomputed in backward for a peak of 0.8 of the GPU, frozen" in train.describe_plan(
         plan(gpu, 1, "--recompute-blocks", "auto"))
