@@ -494,7 +494,8 @@ def describe_plan(plan):
              "bf16 compute over fp32 masters (FSDP mixed precision)" if plan["bf16"] else "fp32",
              (f"packed rows ({'sdpa mem-efficient' if plan['attention'] == 'sdpa' else 'eager'} attention)"
               if plan["pack"] else "left-padded rows (eager attention)"),
-             f"{plan['rows']} rows per pass" + (" (if memory runs out: every block recomputed, then halved)" if plan["shrink"] else ""),
+             f"{plan['rows']} rows per pass"
+             + (" (if memory runs out: every block recomputed, then halved)" if plan["shrink"] else ""),
              compiled + recomputed, frozen,
              ("fused rmsnorm+rotary" if plan["gpu"] else "fused rmsnorm") if plan["fused"] else "no fused kernels",
              *(["lean SwiGLU backward"] if plan["lean_mlp"] else []),
