@@ -703,7 +703,7 @@ class Trainer:
         self.plan = plan or make_plan(args, device, world)
         self.spec = losses.METHODS[args.method]
         self.rows = args.physical_batch          # rows per forward pass (halved on running out of memory: shrink)
-        self.recompute_all = False               # every block recomputed (the first relief from running out of memory)
+        self.recompute_all = False               # out of memory once: every block recomputed, this stage and later
         self.ref_tokens = 0                      # a step's tokens through the frozen model (benchmarks)
 
     def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta, loaded=None):
@@ -869,7 +869,8 @@ class Trainer:
 
     def can_recompute_more(self):
         """Whether a decoder block is not yet recomputed in backward where blocks can be (eager: make_plan)."""
-        return not self.recompute_all and not self.plan["compile"]
+        blocks = decoder_layers(self.compute)
+        return not self.plan["compile"] and not all(getattr(b, "recomputed", False) for b in blocks)
 
     def shrink(self):
         """After running out of memory: first every decoder block recomputed in backward (the same step in one
@@ -1289,8 +1290,8 @@ def add_run_and_speed_flags(p):
     p.add_argument("--recompute-blocks", default="0", metavar="N",
                    help="memory: the first N decoder blocks keep only their input for backward and run their forward "
                         "again there (activation checkpointing; the same gradients, slower); one device, eager. auto: "
-                        "on one GPU (eager), the fewest that keep a step's estimated peak within --memory-gib (opt-in: "
-                        "on an H100 the estimate fell short, BENCHMARKS.md)")
+                        "on one GPU (eager), the fewest that keep a step's estimated peak within --memory-gib (opt-in until "
+                        "measured again on an H100, where its sizing pass leaked, fixed since: BENCHMARKS.md)")
     p.add_argument("--memory-gib", type=float, default=None, metavar="G",
                    help="--recompute-blocks auto: the GiB a step may peak at (default: 0.8 of the GPU's memory, "
                         "train.MEMORY_SHARE; without a GPU, none: no block recomputed unless it is given)")
