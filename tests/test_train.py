@@ -428,7 +428,7 @@ def test_compute_copy_updates_in_chunks_as_from_whole_fp32_gradients(tiny_model_
     def setup():
         model, _ = load_model(tiny_model_path)
         compute = with_parameters_in(copy.deepcopy(model), torch.bfloat16)
-        return model, compute, train.build_optimizer(model, 1e-3, 0.01, fused=False)
+        return model, compute, train.build_optimizer(model, 1e-3, 0.01)
 
     def loss(compute, x):
         return compute(input_ids=x).logits.float().log_softmax(-1)[0, :-1].gather(-1, x[0, 1:, None]).mean()
@@ -948,7 +948,7 @@ def test_step_micro_batches_cover_each_pair_once_per_epoch():
 def test_weight_decay_on_weight_matrices_only(tiny_model_path):
     args = train.parse_args(["--method", "graddiff"])
     model, _ = load_model(tiny_model_path)
-    optimizer = train.build_optimizer(model, 1e-3, args.weight_decay, fused=False)
+    optimizer = train.build_optimizer(model, 1e-3, args.weight_decay)
     decay, no_decay = optimizer.param_groups
     names = {id(p): n for n, p in model.named_parameters()}
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
