@@ -699,12 +699,13 @@ class Trainer:
     """One stage (a topic, or several jointly), from a model folder to an exported one: run_stage builds
     the models, data, optimizer and layouts, then `train` runs the optimizer steps (`step`: one of them)."""
 
-    def __init__(self, args, rank, world, device, plan=None):
+    def __init__(self, args, rank, world, device, plan=None, rows=None, recompute_all=False):
+        """rows, recompute_all: an earlier stage's out-of-memory relief (shrink), which later stages keep."""
         self.args, self.rank, self.world, self.device = args, rank, world, device
         self.plan = plan or make_plan(args, device, world)
         self.spec = losses.METHODS[args.method]
-        self.rows = args.physical_batch          # rows per forward pass (halved on running out of memory: shrink)
-        self.recompute_all = False               # out of memory once: every block recomputed, this stage and later
+        self.rows = rows or args.physical_batch  # rows per forward pass (halved on running out of memory: shrink)
+        self.recompute_all = recompute_all       # out of memory once: every block recomputed, this stage and later
         self.ref_tokens = 0                      # a step's tokens through the frozen model (benchmarks)
 
     def run_stage(self, stage_index, stage_name, topics, model_path, refusal, hp, resume_meta, loaded=None):
@@ -1411,15 +1412,16 @@ def run(args):
         (out / "config.json").write_text(json.dumps(config, indent=1))
     print0(f"method {args.method} ({family}) hp {config['hparams']} refusal {refusal!r}")
 
-    model_path = args.model
+    model_path, relief = args.model, {}     # relief: out of memory, less memory from then on (Trainer.shrink)
     for index, (name, topics) in enumerate(stages):
         folder = out / name
         if (folder / "config.json").exists() and not (resume and resume["stage"] == index):
             print0(f"[{name}] already done: {folder}")
             model_path, loaded = str(folder), None
             continue
-        trainer = Trainer(args, rank, world, device, plan)
+        trainer = Trainer(args, rank, world, device, plan, **relief)       # a new one: the last stage's memory freed
         model_path = str(trainer.run_stage(index, name, topics, model_path, refusal, hp, resume, loaded))
+        relief = {"rows": trainer.rows, "recompute_all": trainer.recompute_all}
         resume = loaded = None
         if args.compile == "graphs":
             torch.compiler.reset()          # free the stage's compiled code and CUDA graph memory

@@ -564,6 +564,34 @@ def test_sequential_two_topics(tiny_model_path, tmp_path, two_topic_root):
     assert len(open(out / "log.jsonl").readlines()) == 4
 
 
+def test_out_of_memory_relief_carries_to_later_stages(tiny_model_path, tmp_path, two_topic_root, capsys):
+    """A sequential run whose first stage runs out of memory until every decoder block is recomputed and the
+    pass halved keeps both in the second stage (a new Trainer, new models): the two reliefs once in the whole
+    run, and both stages end where a run with that memory from the start ends (bit for bit)."""
+    common = ["--method", "jensunpp", "--model", tiny_model_path, "--data-root", str(two_topic_root), "--precision",
+              "fp32", "--refusal", REFUSAL, "--topics", "challenger_disaster", "salem_witch_trials", "--mode",
+              "sequential", "--lr", "1e-3", "--max-steps", "2", "--global-batch", "16", "--batch-size", "4"]
+    forward = Layout.forward
+
+    def small_memory(layout, model, seqs_by_view, *a, **k):
+        recomputed = getattr(train.decoder_layers(model)[-1], "recomputed", False)          # the trained model's
+        if model.training and (not recomputed or len(next(iter(seqs_by_view.values()))) > 8):
+            raise torch.OutOfMemoryError("test: every block recomputed and at most 8 rows, or out of memory")
+        return forward(layout, model, seqs_by_view, *a, **k)
+
+    train.main([*common, "--out", str(tmp_path / "ref"), "--recompute-blocks", "2", "--physical-batch", "8"])
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Layout, "forward", small_memory)
+        train.main([*common, "--out", str(tmp_path / "auto")])
+    reliefs = [line for line in capsys.readouterr().out.splitlines() if "out of memory:" in line]
+    assert reliefs == ["[stage1_challenger_disaster] out of memory: " + relief for relief in
+                       ("every decoder block recomputed in backward from now on", "8 rows per forward pass from now on")]
+    for stage in ("stage1_challenger_disaster", "stage2_salem_witch_trials"):
+        a, b = weights(tmp_path / "auto" / stage), weights(tmp_path / "ref" / stage)
+        assert all(torch.equal(a[k], b[k]) for k in a), stage
+
+
 def test_a_qwen_checkpoint_under_any_name_trains_with_the_qwen_row(tmp_path, smollm2_path):
     """A relearning or unlearning run on a Qwen checkpoint saved as runs/x/final (no family in the path)
     gets the Qwen hyperparameters and the paper's Qwen refusal, recorded in config.json."""
