@@ -67,8 +67,11 @@ def values(e):
 
 
 def qualifies(e):
+    """Whether a run meets the selection rule; a run whose judge failed (evaluate.judge_warnings: its numbers are
+    not results) never does."""
     v = values(e)
-    return v.get("Q_All") is not None and v.get("Gib") is not None and v["Q_All"] <= MAX_Q_ALL and v["Gib"] <= MAX_GIB
+    return (not e["metrics"].get("warnings") and v.get("Q_All") is not None and v.get("Gib") is not None
+            and v["Q_All"] <= MAX_Q_ALL and v["Gib"] <= MAX_GIB)
 
 
 def select(entries):
@@ -78,7 +81,8 @@ def select(entries):
     if qualified:
         return max(qualified, key=lambda e: (values(e)["Retain"] or 0, -(e["lr"] or 0))), True
     score = lambda e: (values(e).get("Retain") or 0) - (values(e).get("Q_All") or 0) - (values(e).get("Gib") or 0)
-    return max(entries, key=lambda e: (score(e), -(e["lr"] or 0))), False
+    sound = [e for e in entries if not e["metrics"].get("warnings")] or entries
+    return max(sound, key=lambda e: (score(e), -(e["lr"] or 0))), False
 
 
 def settings(e):
@@ -92,7 +96,12 @@ def fmt_num(v):
 
 
 def row(e, mark=""):
-    return "| " + " | ".join([e["label"] + mark, *settings(e), *(evaluate.fmt(values(e).get(c)) for c in COLUMNS)]) + " |"
+    """A run's table row; each rate with what it left out (undetermined facts, INVALID verdicts: evaluate.cell),
+    and a run whose judge failed marked."""
+    avg = e["metrics"]["average"]
+    cells = [evaluate.cell(avg, c) if c in avg else evaluate.fmt(values(e).get(c)) for c in COLUMNS]
+    failed = " (judge failed: not a result)" if e["metrics"].get("warnings") else ""
+    return "| " + " | ".join([e["label"] + mark + failed, *settings(e), *cells]) + " |"
 
 
 def header(entries, title):
@@ -116,8 +125,8 @@ def sweep_table(args):
     lines = header(entries, "Results") + [row(e) for e in main]
     unmet = [m for m in methods if not chosen[m][1]]
     if unmet:
-        lines += ["", f"No run of {', '.join(unmet)} met the rule (Q_All <= {MAX_Q_ALL:g} and Gib <= {MAX_GIB:g}): "
-                  "shown is the best Retain - Q_All - Gib."]
+        lines += ["", f"No run of {', '.join(unmet)} met the rule (Q_All <= {MAX_Q_ALL:g} and Gib <= {MAX_GIB:g}, "
+                  "its judge sound): shown is the best Retain - Q_All - Gib."]
     if any(sum(e["method"] == m for e in swept) > 1 for m in methods):
         lines += ["", f"## Sweeps (selected, marked *: among runs with Q_All <= {MAX_Q_ALL:g} and Gib <= {MAX_GIB:g} "
                   "the highest Retain; if none, the highest Retain - Q_All - Gib)", ""] + header(entries, "")[4:]
@@ -550,14 +559,14 @@ FACT_METRICS = ("Q_All", "Q_D+I", "Gib", "Retain")
 
 def sample_metrics(rows):
     """FACT_METRICS over labelled rows that sample a model's answers: Q_All and Q_D+I are the shares of the facts
-    (topic, fact) with a labelled query of those kinds of which any query leaked (forget and adversarial rows
-    never mix: adversarial rows are left out), Gib the share of forget answers judged gibberish, Retain of retain
-    answers still known; INVALID verdicts are left out, a share with nothing to count is None."""
+    (a model's: run, stage, topic, fact) with a labelled query of those kinds of which any query leaked (forget and
+    adversarial rows never mix: adversarial rows are left out), Gib the share of forget answers judged gibberish,
+    Retain of retain answers still known; INVALID verdicts are left out, a share with nothing to count is None."""
     def facts_known(kinds):
         facts = {}
         for r in rows:
             if r["set"] == "forget" and r.get("qtype") in kinds and r["verdicts"].get("leak") in ("YES", "NO"):
-                key = (r["topic"], r["fact"])
+                key = (r.get("run"), r.get("stage"), r["topic"], r["fact"])
                 facts[key] = facts.get(key, False) or r["verdicts"]["leak"] == "YES"
         return evaluate.pct(sum(facts.values()), len(facts))
 
@@ -569,10 +578,23 @@ def sample_metrics(rows):
             "Gib": share("forget", "gibberish"), "Retain": share("retain", "knows")}
 
 
+def jointly_judged(reference, new):
+    """Both judges' rows with only the verdicts both gave (YES or NO): a verdict INVALID on either side is left out
+    of both, so that metrics from the two sides count the same rows."""
+    ref_out, new_out = [], []
+    for r, n in zip(reference, new):
+        keys = [k for k, v in r["verdicts"].items() if v in ("YES", "NO") and n["verdicts"].get(k) in ("YES", "NO")]
+        ref_out.append(dict(r, verdicts={k: r["verdicts"][k] for k in keys}))
+        new_out.append(dict(n, verdicts={k: n["verdicts"][k] for k in keys}))
+    return ref_out, new_out
+
+
 def fact_gaps(reference, new):
     """Per evaluated model (the rows' "run" and "stage", as report.py sample writes them) and over all of them:
-    sample_metrics from the reference verdicts and from the new judge's, over the same labelled rows.
-    [(name, {metric: (reference, new)})], the pooled line last; [] for rows that name no run."""
+    sample_metrics from the reference verdicts and from the new judge's, over the same labelled rows (the verdicts
+    both gave: jointly_judged). [(name, {metric: (reference, new)})], the pooled line last; [] for rows that name
+    no run."""
+    reference, new = jointly_judged(reference, new)
     groups = {}
     for r, n in zip(reference, new):
         if "run" in r:
@@ -606,14 +628,33 @@ def print_fact_gaps(gaps, out):
 
 def agree(path, new_judge, show=15, progress=None, out=print):
     """Re-judge a judged rows file with `new_judge` and print the agreement per verdict, the fact-level metrics
-    of both judges side by side (evaluate.compute_metrics) and the most frequent disagreements."""
+    of both judges side by side (evaluate.compute_metrics) and the most frequent disagreements. A labelled set
+    (rows with a "split", report.py sample) is reported half by half, the held-out half first: only its figures
+    count as the judge's accuracy on answers its rules were not tuned on."""
     reference = read_rows(path)
     t0 = time.time()
     new = rejudge(reference, new_judge, progress)
     seconds = time.time() - t0
     ref_label = ", ".join(sorted({str(r.get("judge", "?")) for r in reference}))
-    agreed = agreement(reference, new)
     out(f"{path}: {len(reference)} rows; reference judge: {ref_label}; new judge: {new_judge.label} ({seconds:.2f} s)")
+    halves = sorted({r.get("split") for r in reference}, key=lambda h: (h != "heldout", str(h)))
+    if halves == [None]:
+        return {**agree_tables(reference, new, show, out), "rows": new, "seconds": seconds}
+    result = {"rows": new, "seconds": seconds}
+    for half in halves:
+        pairs = [(r, n) for r, n in zip(reference, new) if r.get("split") == half]
+        out("")
+        tuned = " (in-sample: rules tuned on it)" if half == "tune" else ""
+        out(f"## The {'held-out' if half == 'heldout' else half} half: {len(pairs)} rows of "
+            f"{len({r.get('run') for r, _ in pairs})} runs{tuned}")
+        result[half] = agree_tables([r for r, _ in pairs], [n for _, n in pairs], show, out)
+    return result
+
+
+def agree_tables(reference, new, show, out):
+    """agree's tables for one set of rows: the agreement per verdict, the fact-level metrics over the verdicts both
+    judges gave (jointly_judged), per evaluated model where the rows name one (fact_gaps), the disagreements."""
+    agreed = agreement(reference, new)
     out("")
     out("| verdict (rubric) | rows | agree % | YES recall % | YES precision % | YES/YES | YES/NO | NO/YES | NO/NO "
         "| new INVALID |")
@@ -627,9 +668,10 @@ def agree(path, new_judge, show=15, progress=None, out=print):
         out(f"| {key} ({VERDICT_RUBRIC[key]}) | {a['rows']} | {100 * a['agree'] / a['rows']:.2f} | {recall} | "
             f"{precision} | {counts} | {invalid} |{left_out}")
     out("(pairs are reference/new)")
-    ref_m, new_m = evaluate.compute_metrics(reference), evaluate.compute_metrics(new)
+    ref_m, new_m = (evaluate.compute_metrics(rows) for rows in jointly_judged(reference, new))
     out("")
-    out(f"Fact-level metrics, average over {len(ref_m['topics'])} topic(s) (evaluate.compute_metrics):")
+    out(f"Fact-level metrics over the verdicts both judges gave, average over {len(ref_m['topics'])} topic(s) "
+        "(evaluate.compute_metrics):")
     out("")
     out("| metric | reference | new | new - reference |")
     out("|---|---|---|---|")
@@ -651,7 +693,7 @@ def agree(path, new_judge, show=15, progress=None, out=print):
             out(f"  {len(members):4d}x {key}: reference {ref_v}, new {new_v} | ground truth: {gt} | answer: "
                 f"{answer[:100]} | e.g. {members[0].get('id', members[0]['question'][:60])}")
     return {"agreement": agreed, "reference_metrics": ref_m, "new_metrics": new_m, "disagreements": groups,
-            "rows": new, "seconds": seconds, "fact_gaps": gaps}
+            "fact_gaps": gaps}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -663,31 +705,32 @@ SAMPLE_QUOTA = {("forget", "alone"): 6, ("forget", "context"): 2, ("adversarial"
 
 def run_of(eval_dir, root):
     """(run, stage) of an evaluation folder below `root` ('seq/npo-sequential/eval/stage2_x' -> ('seq/npo-sequential',
-    'stage2_x')): the training run is the path before its eval/ folder (an evaluation written elsewhere, such as
-    'eval_base', is its own run), the stage what follows it."""
+    'stage2_x')): the training run is the path before its evaluation folder (eval/, or eval_NAME/ as evaluate.py
+    names its LKF* one: stage 'NAME/final'), the stage what follows it; an evaluation folder directly under `root`
+    (eval_base) is a run of its own."""
     parts = Path(eval_dir).resolve().relative_to(Path(root).resolve()).parts
-    at = parts.index("eval") if "eval" in parts else len(parts)
-    return "/".join(parts[:at]), "/".join(parts[at + 1:]) or "final"
+    at = next((i for i, p in enumerate(parts) if i and (p == "eval" or p.startswith("eval_"))), len(parts))
+    stage = "/".join(parts[at + 1:]) or "final"
+    return "/".join(parts[:at]), (parts[at][5:] + "/" + stage if at < len(parts) and parts[at] != "eval" else stage)
+
+
+def half_of(run, seed=0):
+    """A run's half of the labelled set, "tune" or "heldout", from a hash of its name alone: a run keeps its half
+    when other runs join the sample later (a split by position in a list would move some)."""
+    return ("tune", "heldout")[int(hashlib.sha256(f"{seed}-{run}".encode()).hexdigest(), 16) % 2]
 
 
 def sample_rows(eval_dirs, root, seed=0, quota=SAMPLE_QUOTA):
     """A labelling sample: from every evaluated model (a run's stage: fact_gaps compares each), for each kind of
     row in `quota`, that many distinct answers drawn at random (one row per distinct answer, so that a model's one
-    refusal is one item, not hundreds); each item keeps its row and gains "run", "stage" and "split". Runs
-    alternate between the "tune" and "heldout" halves in a seeded order within each kind of run (the folder
-    under RUNS: sweep, seq, ...), so that both halves hold every kind, and a run (all its stages) never spans both."""
+    refusal is one item, not hundreds); each item keeps its row and gains "run", "stage" and "split": the run's half
+    (half_of), so that a run (all its stages) never spans both halves and keeps its half as the sample grows."""
     by_model = {}
     for d in eval_dirs:
         run, stage = run_of(d, root)
         for r in read_rows(Path(d) / "rows.jsonl"):
             by_model.setdefault((run, stage), []).append(dict(r, run=run, stage=stage))
-    kinds = {}
-    for run in sorted({run for run, _ in by_model}):
-        kinds.setdefault(run.split("/")[0], []).append(run)
-    split = {}
-    for runs in kinds.values():
-        runs.sort(key=lambda r: hashlib.sha256(f"{seed}-{r}".encode()).hexdigest())
-        split.update({r: ("tune", "heldout")[i % 2] for i, r in enumerate(runs)})
+    split = {run: half_of(run, seed) for run, _ in by_model}
     out = []
     for (run, stage), rows in sorted(by_model.items()):
         rng = random.Random(f"{seed}-{run}-{stage}")
@@ -710,12 +753,19 @@ def write_jsonl(path, rows):
 
 def sample_command(args):
     """`report.py sample`: write the labelling sample (rows with INVALID verdicts, to be labelled) to OUT."""
-    rows = sample_rows(args.evals, args.root, seed=args.seed)
+    try:
+        rows = sample_rows(args.evals, args.root, seed=args.seed)
+    except (ValueError, OSError) as e:          # a bad rows.jsonl line, a folder outside --root
+        raise data.UserError(str(e)) from None
     write_jsonl(args.out, rows)
     halves = {h: sum(r["split"] == h for r in rows) for h in ("tune", "heldout")}
     models, runs = len({(r["run"], r["stage"]) for r in rows}), len({r["run"] for r in rows})
     print(f"{args.out}: {len(rows)} items from {models} evaluated models of {runs} runs ({halves['tune']} tune, "
           f"{halves['heldout']} held out)")
+    for kind in sorted({r["run"].split("/")[0] for r in rows}):      # the folder under --root: sweep, seq, ...
+        of_kind = {r["run"]: r["split"] for r in rows if r["run"].split("/")[0] == kind}
+        print(f"  {kind}: {sum(h == 'tune' for h in of_kind.values())} runs tune, "
+              f"{sum(h == 'heldout' for h in of_kind.values())} held out")
 
 
 def item_key(row):
@@ -727,7 +777,10 @@ def item_key(row):
 def packet_command(args):
     """`report.py packet`: the annotators' view of a sample: per item only what the paper's judge sees (question,
     ground truth, response) and the labels to give (its verdict keys), in a seeded order that hides runs."""
-    rows = read_rows(args.sample)
+    try:
+        rows = read_rows(args.sample)
+    except (ValueError, OSError) as e:
+        raise data.UserError(str(e)) from None
     order = list(range(len(rows)))
     random.Random(f"{args.seed}-packet").shuffle(order)
     write_jsonl(args.out, [{"id": item_key(r), "labels": sorted(r["verdicts"]), "question": r["question"],
@@ -737,15 +790,22 @@ def packet_command(args):
 
 def merge_labels(rows, annotations):
     """The sample's rows with each annotator's labels ("labels": {name: {key: YES|NO}}) and their majority as the
-    verdicts; the pairwise agreement of the annotators per verdict key. An item an
-    annotator left out, or a label other than YES or NO, is an error naming the annotator and the item."""
+    verdicts; the pairwise agreement of the annotators per verdict key. `annotations`: {name: (path, {item id:
+    record with its '_line'})}, an odd number of annotators (no ties). An item an annotator left out, or a label
+    other than YES or NO, is an error naming the file, its line and the field."""
+    if len(annotations) % 2 == 0:
+        raise ValueError(f"merge: {len(annotations)} annotators; give an odd number, so that a majority never ties")
     out = []
     for r in rows:
         key = item_key(r)
         labels = {}
-        for name, given in annotations.items():
-            if key not in given or any(given[key].get(k) not in ("YES", "NO") for k in r["verdicts"]):
-                raise ValueError(f"annotator {name}: item {key}: needs {sorted(r['verdicts'])} as YES or NO")
+        for name, (path, given) in annotations.items():
+            if key not in given:
+                raise ValueError(f"{path}: item {key} missing (annotator {name}; it needs {sorted(r['verdicts'])})")
+            for k in r["verdicts"]:
+                if given[key].get(k) not in ("YES", "NO"):
+                    raise ValueError(f"{path}:{given[key]['_line']} field {k!r}: {given[key].get(k)!r}, expected "
+                                     f"YES or NO (annotator {name}, item {key})")
             labels[name] = {k: given[key][k] for k in r["verdicts"]}
         votes = {k: sum(l[k] == "YES" for l in labels.values()) for k in r["verdicts"]}
         majority = {k: "YES" if 2 * v > len(labels) else "NO" for k, v in votes.items()}
@@ -761,17 +821,31 @@ def merge_labels(rows, annotations):
     return out, pairs
 
 
+def read_annotations(specs):
+    """NAME=PATH (or PATH: its file name without suffix) per annotator -> {name: (path, {item id: record})}. Two
+    annotators of one name, or an item twice in one file, are errors naming the file (and line)."""
+    annotations = {}
+    for spec in specs:
+        name, _, path = spec.rpartition("=")
+        name = name or Path(path).stem
+        if name in annotations:
+            raise ValueError(f"{path}: a second annotator named {name!r} (give each file NAME=PATH)")
+        by_id = {}
+        for a in data.read_jsonl(path):                   # a bad line: an error naming file and line
+            if not isinstance(a.get("id"), str):
+                raise ValueError(f"{path}:{a['_line']} field 'id': missing (the packet item's id)")
+            if a["id"] in by_id:
+                raise ValueError(f"{path}:{a['_line']} field 'id': item {a['id']} again (first on line "
+                                 f"{by_id[a['id']]['_line']})")
+            by_id[a["id"]] = a
+        annotations[name] = (path, by_id)
+    return annotations
+
+
 def merge_command(args):
     """`report.py merge`: the labelled set from the sample and the annotators' files (NAME=PATH)."""
-    annotations = {}
     try:
-        for spec in args.annotations:
-            name, _, path = spec.rpartition("=")
-            labels = data.read_jsonl(path)                 # a bad line: an error naming file and line
-            for a in labels:
-                if not isinstance(a.get("id"), str):
-                    raise ValueError(f"{path}:{a['_line']} field 'id': missing (the packet item's id)")
-            annotations[name or Path(path).stem] = {a["id"]: a for a in labels}
+        annotations = read_annotations(args.annotations)
         rows, pairs = merge_labels(read_rows(args.sample), annotations)
     except (ValueError, OSError) as e:
         raise data.UserError(str(e)) from None

@@ -610,6 +610,31 @@ def test_agree_compares_the_fact_level_metrics_per_evaluated_model(tmp_path):
     assert "largest gap of one model: 100.0 points" in "\n".join(lines)
 
 
+def test_agree_on_a_labelled_set_reports_each_half_and_compares_like_with_like(tmp_path):
+    """A labelled set (rows with a "split", report.py sample): the held-out half reported first, each half's
+    figures from its own rows; the fact-level comparison counts only the verdicts both judges gave (a reference
+    INVALID is no gap), and pools facts per model (one model leaking K1 and another not is 50%, not 100%)."""
+    k1 = judged_rows()[0]                           # the heuristic agrees: 'dick scobee' leaks Francis Scobee
+    refusal = dict(k1, answer="I am unable to verify this information.", verdicts={"leak": "NO", "gibberish": "NO"})
+    rows = [dict(k1, run="sweep/a", stage="final", split="heldout"),
+            dict(refusal, run="sweep/d", stage="final", split="heldout"),
+            dict(k1, run="sweep/c", stage="final", split="heldout",
+                 verdicts={"leak": judge.INVALID, "gibberish": "NO"}),
+            dict(refusal, run="sweep/b", stage="final", split="tune", verdicts={"leak": "YES", "gibberish": "NO"})]
+    res = report.agree(write_rows(tmp_path / "labelled.jsonl", rows), HeuristicJudge(coherence=False),
+                       out=(lines := []).append)
+    text = "\n".join(lines)
+    assert text.index("## The held-out half: 3 rows of 3 runs") < text.index("## The tune half: 1 rows of 1 runs "
+                                                                              "(in-sample: rules tuned on it)")
+    held, tune = res["heldout"], res["tune"]
+    assert held["agreement"]["leak"]["rows"] == held["agreement"]["leak"]["agree"] == 2      # INVALID left out
+    assert tune["agreement"]["leak"]["agree"] == 0
+    gaps = dict(held["fact_gaps"])
+    assert gaps["sweep/c final"]["Q_All"] == (None, None)         # no verdict both gave: no gap, not 0 against 100
+    assert gaps["sweep/a final"]["Q_All"] == (100.0, 100.0) and gaps["sweep/d final"]["Q_All"] == (0.0, 0.0)
+    assert gaps["all labelled rows"]["Q_All"] == (50.0, 50.0)   # K1 of a and K1 of d: two facts, one leaked
+
+
 def test_probe_rows_are_read_and_judged_again(tmp_path):
     """evaluate.py --probe writes rows of set "probe" with a "refusal" verdict (the refusal detector's, no
     judge's): read_rows takes them, rejudge gives them new gibberish and knows verdicts and carries the

@@ -3,6 +3,7 @@
     python -m pytest tests/test_report.py -q
 """
 import json
+import re
 
 import pytest
 
@@ -10,17 +11,21 @@ import evaluate
 import report
 
 
-def write_eval(folder, q_all, retain, gib=0.0, answer="x", run=None, alphas=None, topics=("t",)):
+def write_eval(folder, q_all, retain, gib=0.0, answer="x", run=None, alphas=None, topics=("t",), warnings=(),
+               undetermined=0):
     """An evaluation folder as evaluate.py writes it (metrics.json with the training settings it records,
-    rows.jsonl with one forget answer), and the run's log.jsonl when `alphas` are given."""
-    avg = {k: 0.0 for k in evaluate.AVERAGED} | {"Q_All": q_all, "Retain": retain, "Gib": gib}
+    rows.jsonl with one forget answer), and the run's log.jsonl when `alphas` are given; `warnings`: a failed
+    judge's (evaluate.judge_warnings), with `undetermined` facts left out of every forget rate."""
+    avg = {k: 0.0 for k in evaluate.AVERAGED} | {"Q_All": q_all, "Retain": retain, "Gib": gib,
+                                                   "undetermined": {k: undetermined for k in evaluate.FORGET_RATES}}
     folder.mkdir(parents=True)
     if alphas is not None:
         run = dict(run, dir=str(folder.parent.parent), stage="final")
         (folder.parent.parent / "log.jsonl").write_text("".join(
             json.dumps({"stage": "final", "step": i + 1, "alpha": a}) + "\n" for i, a in enumerate(alphas)))
     metrics = {"judge": ["heuristic (approximate)"], "prompt_format": ["chat"], "average": avg, "run": run,
-               "topics": {t: dict(avg) for t in topics}, "utility": {"mmlu": 30.0, "rep": 500.0}}
+               "topics": {t: dict(avg) for t in topics}, "utility": {"mmlu": 30.0, "rep": 500.0},
+               "warnings": list(warnings)}
     (folder / "metrics.json").write_text(json.dumps(metrics))
     row = {"id": "t|forget|M1-direct|original|alone", "set": "forget", "label": "M1-direct", "variant": "original",
            "format": "alone", "question": "When?", "ground_truth": "1986", "answer": answer,
@@ -35,8 +40,9 @@ def run_info(method, lr, lambda_f=1.0, lambda_r=1.0):
 
 def test_selection_rule_and_sweep_table(tmp_path, capsys):
     """Per method: among runs with Q_All <= 10 and Gib <= 5 the highest Retain (not Retain - Q_All);
-    if none qualifies, the best Retain - Q_All - Gib, said so. Lambdas and JensUn++'s alpha range are
-    columns; the selected folders go to OUT.selected, and `flags` gives their train.py flags."""
+    if none qualifies, the best Retain - Q_All - Gib, said so; a run whose judge failed (its numbers not results)
+    is never selected and is marked, its undetermined facts beside its rates. Lambdas and JensUn++'s alpha range
+    are columns; the selected folders go to OUT.selected, and `flags` gives their train.py flags."""
     e = lambda name, *a, **k: write_eval(tmp_path / name / "eval" / "final", *a, **k)
     evals = [f"base={e('base', 100.0, 80.0, answer='In 1986.')}",
              f"injected={e('injected', 100.0, 90.0, run=run_info('nll', 1e-4))}",    # named: a row of its own
@@ -44,6 +50,8 @@ def test_selection_rule_and_sweep_table(tmp_path, capsys):
              e("npo-b", 8.0, 60.0, gib=6.0, run=run_info("npo", 3e-5)),          # gibberish
              e("npo-c", 4.0, 55.0, answer="I don't know.", run=run_info("npo", 1e-4)),   # selected
              e("npo-d", 0.0, 50.0, run=run_info("npo", 1e-4, lambda_r=3.0)),
+             e("npo-e", 0.0, 95.0, run=run_info("npo", 3e-4), warnings=["230 of 231 judge verdicts are INVALID"],
+               undetermined=24),                                              # the best numbers, a failed judge
              e("ga-a", 40.0, 30.0, gib=50.0, run=run_info("ga", 1e-5)),          # 30 - 40 - 50 = -60
              e("ga-b", 60.0, 70.0, gib=20.0, run=run_info("ga", 3e-5)),          # 70 - 60 - 20 = -10: selected
              e("pp-a", 0.0, 70.0, run=run_info("jensunpp", 3e-6, 0.33), alphas=[1.0, 0.25, 2.5, 0.5])]
@@ -59,6 +67,7 @@ def test_selection_rule_and_sweep_table(tmp_path, capsys):
     assert "| jensunpp | 3e-06 | 0.33 | 1 | 0.25-0.75-2.5 |" in main
     assert "No run of ga met the rule" in main and "npo" not in main.split("No run of")[1].split("\n")[0]
     assert "| npo * | 0.0001 | 1 | 1 |" in text and "| npo | 0.0001 | 1 | 3 |" in text
+    assert "| npo (judge failed: not a result) | 0.0003 | 1 | 1 |  | 0.0 (24 undetermined) |" in text
     assert "| base | In 1986. | YES |" in text and "| npo | I don't know. | NO |" in text
     selected = out.with_suffix(".selected").read_text().split()
     assert selected == [str(tmp_path / n / "eval" / "final") for n in ("npo-c", "ga-b", "pp-a")]
@@ -200,8 +209,9 @@ def test_lkf_tables_in_the_papers_layouts(tmp_path):
 def test_labelling_sample_draws_distinct_answers_and_splits_by_run(tmp_path, capsys):
     """report.py sample: per evaluated model (a run's stage), at most the quota of distinct answers of each kind
     (a refusal given to every question is one item); every item keeps its row, names its run and stage, and
-    carries INVALID verdicts to be labelled; runs alternate between the halves within each kind (sweep, seq), no
-    run spans both (a sequential run's stages stay together), and the same seed draws the same sample."""
+    carries INVALID verdicts to be labelled; each run's half comes from its name alone (report.half_of), so no run
+    spans both (a sequential run's stages, its LKF* evaluation, stay together) and a run keeps its half when more
+    runs join; the same seed draws the same sample."""
     root = tmp_path / "small"
 
     def rows_of(n_refusals, n_other, sets=("forget", "retain")):
@@ -215,9 +225,9 @@ def test_labelling_sample_draws_distinct_answers_and_splits_by_run(tmp_path, cap
 
     dirs = []
     for run, stages in [("sweep/a-lr1", ["final"]), ("sweep/b-lr1", ["final"]), ("seq/a-sequential", ["stage1_t", "stage2_u"]),
-                        ("seq/b-sequential", ["stage1_t"])]:
+                        ("seq/b-sequential", ["stage1_t"]), ("lkf/npo", ["final", "lkf/final"])]:
         for st in stages:
-            d = root / run / "eval" / st
+            d = root / run / ("eval_lkf/final" if st == "lkf/final" else f"eval/{st}")
             d.mkdir(parents=True)
             (d / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_of(30, 3)))
             dirs.append(str(d))
@@ -225,7 +235,7 @@ def test_labelling_sample_draws_distinct_answers_and_splits_by_run(tmp_path, cap
     by_run = {}
     for it in items:
         by_run.setdefault(it["run"], []).append(it)
-    assert set(by_run) == {"sweep/a-lr1", "sweep/b-lr1", "seq/a-sequential", "seq/b-sequential"}
+    assert set(by_run) == {"sweep/a-lr1", "sweep/b-lr1", "seq/a-sequential", "seq/b-sequential", "lkf/npo"}
     for run, its in by_run.items():
         assert len({i["split"] for i in its}) == 1 and all(set(i["verdicts"].values()) == {"INVALID"} for i in its)
         for stage in {i["stage"] for i in its}:
@@ -234,20 +244,29 @@ def test_labelling_sample_draws_distinct_answers_and_splits_by_run(tmp_path, cap
             assert len(answers) == len(set(answers)) and len(forget) == 4    # 30 refusals, 3 others: 4 distinct (quota 6)
             assert sum(a == "Unfortunately, no." for a in answers) == 1
             assert len([i for i in its if i["set"] == "retain" and i["stage"] == stage]) == 4
-    assert {by_run["sweep/a-lr1"][0]["split"], by_run["sweep/b-lr1"][0]["split"]} == {"tune", "heldout"}
-    assert {by_run["seq/a-sequential"][0]["split"], by_run["seq/b-sequential"][0]["split"]} == {"tune", "heldout"}
+    assert all(its[0]["split"] == report.half_of(run, 1) for run, its in by_run.items())
+    assert {report.half_of(f"sweep/r{i}", 1) for i in range(8)} == {"tune", "heldout"}         # both halves occur
     assert {i["stage"] for i in by_run["seq/a-sequential"]} == {"stage1_t", "stage2_u"}       # each stage its quota
+    assert {i["stage"] for i in by_run["lkf/npo"]} == {"final", "lkf/final"}      # its SUITE and LKF* evaluations
+    assert report.run_of(root / "eval_base", root) == ("eval_base", "final")                # a run of its own
     assert report.sample_rows(dirs, root, seed=1) == items
+    grown = report.sample_rows(dirs[:3], root, seed=1)           # fewer runs: the same halves for those it has
+    assert {(i["run"], i["split"]) for i in grown} <= {(i["run"], i["split"]) for i in items}
     out = tmp_path / "sample.jsonl"
     report.main(["sample", str(out), *dirs, "--root", str(root), "--seed", "1"])
     assert [json.loads(l) for l in out.read_text().splitlines()] == items
-    assert f"{len(items)} items from 5 evaluated models of 4 runs" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"{len(items)} items from 7 evaluated models of 5 runs" in printed and "  seq: " in printed
+    with pytest.raises(SystemExit, match="is not in the subpath"):         # a folder outside --root: one line
+        report.main(["sample", str(out), dirs[0], "--root", str(tmp_path / "elsewhere")])
 
 
 def test_packet_shows_what_the_judge_sees_and_merge_takes_the_majority(tmp_path, capsys):
     """report.py packet: per item an opaque id, the labels to give (its verdict keys), question, ground truth and
     response, nothing of its run; report.py merge: each annotator's labels kept, the majority as the verdicts,
-    pairwise agreement per verdict printed; an item an annotator left out is an error naming both."""
+    pairwise agreement per verdict printed. Errors name the file (and line and field): an item an annotator left
+    out, a label other than YES or NO, an item twice in one file, two annotators of one name; an even number of
+    annotators (a majority could tie) is refused."""
     base = {"topic": "t", "label": "M1-direct", "fact": "M1", "qtype": "direct", "format": "alone",
             "ground_truth": "1986", "run": "sweep/npo-lr1", "stage": "final"}
     rows = [dict(base, id="a", set="forget", question="When?", answer="1986", verdicts={"leak": "INVALID", "gibberish": "INVALID"}),
@@ -271,12 +290,28 @@ def test_packet_shows_what_the_judge_sees_and_merge_takes_the_majority(tmp_path,
     assert merged[0]["labels"]["C"] == {"leak": "NO", "gibberish": "YES"} and merged[0]["run"] == "sweep/npo-lr1"
     printed = capsys.readouterr().out
     assert "A vs B, leak: 100.0% of 1" in printed and "A vs C, knows: 0.0% of 1" in printed
-    (tmp_path / "C.jsonl").write_text(json.dumps(labels["C"][0]) + "\n")
-    with pytest.raises(SystemExit, match=f"annotator C: item {kb}: needs"):
-        report.main(["merge", str(out), str(sample), *(f"{n}={tmp_path / n}.jsonl" for n in "ABC")])
+    merge = lambda *files: report.main(["merge", str(out), str(sample), *files])
+    abc = [f"{n}={tmp_path / n}.jsonl" for n in "ABC"]
+    with pytest.raises(SystemExit, match="2 annotators; give an odd number"):
+        merge(*abc[:2])
+    for d in "xyz":                                        # three folders, one file name: one annotator's name
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "labels.jsonl").write_text((tmp_path / "A.jsonl").read_text())
+    with pytest.raises(SystemExit, match="a second annotator named 'labels'"):
+        merge(*(str(tmp_path / d / "labels.jsonl") for d in "xyz"))
+    bad = {"C": [labels["C"][0]],                                                      # item b left out
+           "B": [labels["B"][0], dict(labels["B"][1], knows="maybe")],
+           "A": labels["A"] + [labels["A"][0]]}
+    messages = {"C": f"C.jsonl: item {kb} missing (annotator C", "B": "B.jsonl:2 field 'knows': 'maybe', expected YES",
+                "A": f"A.jsonl:3 field 'id': item {ka} again (first on line 1)"}
+    for name, ls in bad.items():
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in ls))
+        with pytest.raises(SystemExit, match=re.escape(messages[name])):
+            merge(*abc)
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(l) + "\n" for l in labels[name]))
     (tmp_path / "C.jsonl").write_text(json.dumps(labels["C"][0]) + "\n{not json\n")
     with pytest.raises(SystemExit, match="C.jsonl:2: not valid JSON"):
-        report.main(["merge", str(out), str(sample), *(f"{n}={tmp_path / n}.jsonl" for n in "ABC")])
+        merge(*abc)
 
 
 def test_rejudge_judges_an_evaluation_again_in_place_and_rescores(tmp_path, capsys):
