@@ -20,6 +20,7 @@ import argparse
 import collections
 import copy
 import functools
+import gc
 import json
 import math
 import os
@@ -316,11 +317,28 @@ def save_checkpoint(run_dir, model, optimizer, meta, rank):
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
     if rank == 0:
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        shutil.rmtree(ckpt, ignore_errors=True)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))          # last: a checkpoint with it is whole
+        old = Path(run_dir) / "checkpoint.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if ckpt.exists():
+            ckpt.rename(old)            # renamed, not deleted, until the new one is in place (recover_checkpoint)
         tmp.rename(ckpt)
+        shutil.rmtree(old, ignore_errors=True)
     if dist.is_initialized():
         dist.barrier()
+
+
+def recover_checkpoint(run_dir):
+    """After a kill inside save_checkpoint's swap, put the newest whole checkpoint back in place: checkpoint.tmp
+    once its meta.json is written, else checkpoint.old (a delete there would lose the stage's progress)."""
+    run_dir = Path(run_dir)
+    ckpt, tmp, old = (run_dir / name for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+    if not ckpt.exists():
+        if (tmp / "meta.json").exists():
+            tmp.rename(ckpt)
+        elif old.exists():
+            old.rename(ckpt)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def load_checkpoint(run_dir, model, optimizer):
@@ -437,6 +455,8 @@ def stages_for(args):
         return [("final", topics)]
     if args.mode == "joint":
         return [("final", topics)]
+    if args.no_save and len(topics) > 1:
+        raise data.UserError("--no-save: a sequential run's stage starts from the model the stage before it saved")
     return [(f"stage{i + 1}_{t}", [t]) for i, t in enumerate(topics)]
 
 
@@ -495,7 +515,8 @@ def describe_plan(plan):
              (f"packed rows ({'sdpa mem-efficient' if plan['attention'] == 'sdpa' else 'eager'} attention)"
               if plan["pack"] else "left-padded rows (eager attention)"),
              f"{plan['rows']} rows per pass"
-             + (" (if memory runs out: every block recomputed, then halved)" if plan["shrink"] else ""),
+             + (" (if memory runs out: " + ("halved)" if plan["compile"] else "every block recomputed, then halved)")
+                if plan["shrink"] else ""),
              compiled + recomputed, frozen,
              ("fused rmsnorm+rotary" if plan["gpu"] else "fused rmsnorm") if plan["fused"] else "no fused kernels",
              *(["lean SwiGLU backward"] if plan["lean_mlp"] else []),
@@ -564,7 +585,7 @@ def size_recompute(trainer, start):
     Prints the estimate (on a GPU with the probe's own peak); memory_report prints the steps' peak to compare."""
     blocks = len(decoder_layers(trainer.compute))
     dataset, per_pass = step_dataset(trainer), trainer.rows // trainer.args.batch_size
-    passes = [p for step in range(start, trainer.total, max(1, (trainer.total - start) // 64))
+    passes = [p for step in range(start, trainer.total, math.ceil((trainer.total - start) / 64))
               for _, p, _ in split_passes(*dataset[step], per_pass)]
     largest = max(passes, key=lambda p: sum(len(s["ids"]) for seqs in p.values() for s in seqs))
     cuda = trainer.device.type == "cuda"
@@ -895,7 +916,8 @@ class Trainer:
     def checkpoint(self, step, lambda_r):
         """Save the resumable state after `step`. SUITE_CRASH_AFTER_CHECKPOINT=N stops the process right
         after the checkpoint of step N, as a kill at that moment would (the resume tests' fault injection)."""
-        meta = {"stage": self.stage_index, "step": step, "lambda_r": lambda_r, "refusal": self.refusal}
+        meta = {"stage": self.stage_index, "step": step, "lambda_r": lambda_r, "refusal": self.refusal,
+                "rows": self.rows, "recompute_all": self.recompute_all}
         save_checkpoint(self.args.out, self.model, self.optimizer, meta, self.rank)
         if os.environ.get("SUITE_CRASH_AFTER_CHECKPOINT") == str(step):
             raise SystemExit(f"SUITE_CRASH_AFTER_CHECKPOINT: stopping abruptly after the checkpoint of step {step}")
@@ -950,11 +972,12 @@ class Updates:
         return bool(self.shadow) and any(c.grad is not None for _, c in self.shadow)
 
     def fold(self):
-        """Add the compute copy's bf16 gradients into the masters' fp32 ones (zeros where missing), drop them."""
-        for m, _ in self.shadow:
+        """Add the compute copy's bf16 gradients into the masters' fp32 ones (zeros first where a master has none
+        yet), drop them. A master whose copy never got a gradient keeps none, as without a compute copy."""
+        used = [(m, c) for m, c in self.shadow if c.grad is not None]
+        for m, _ in used:
             if m.grad is None:
                 m.grad = torch.zeros_like(m)
-        used = [(m, c) for m, c in self.shadow if c.grad is not None]
         torch._foreach_add_([m.grad for m, _ in used], [c.grad for _, c in used])
         self.compute.zero_grad(set_to_none=True)
 
@@ -993,12 +1016,12 @@ class Updates:
         copy_masters(self.shadow)
 
     def step_in_chunks(self):
-        """The update from the compute copy's bf16 gradients, one chunk of fp32 gradients at a time (a master
-        whose copy got no gradient gets zeros, as a summed buffer would hold): AdamW updates only the
-        parameters that have a gradient, so each call updates one chunk."""
+        """The update from the compute copy's bf16 gradients, one chunk of fp32 gradients at a time: AdamW updates
+        only the parameters that have a gradient, so each call updates one chunk. A master whose copy got no
+        gradient (RMU's layers past its hook) gets none, as without a compute copy: no update, no weight decay."""
         for chunk in self.chunks:
             for m, c in chunk:
-                m.grad = c.grad.float().mul_(self.scale) if c.grad is not None else torch.zeros_like(m)
+                m.grad = c.grad.float().mul_(self.scale) if c.grad is not None else None
                 c.grad = None
             self.optimizer.step()
             for m, _ in chunk:
@@ -1208,7 +1231,8 @@ def parse_args(argv=None):
     p.add_argument("--topics", nargs="+", default=["challenger_disaster"], help="SUITE topic folders, or all")
     p.add_argument("--mode", choices=["single", "sequential", "joint"], default="single")
     p.add_argument("--data-root", default=str(data.DEFAULT_ROOT))
-    p.add_argument("--out", default=None, help="run directory (default runs/<method>_<mode>)")
+    p.add_argument("--out", default=None, help="run directory (default runs/<method>_<mode>); one that holds a run "
+                   "takes only that run's command (to resume it), else an error naming what differs")
     p.add_argument("--recipe", choices=["suite", "lkf"], default="suite",
                    help="lkf: the paper's LKF* runs (appendix): the LKF* root (suite.py lkf), 10 epochs, random "
                         "forget/retain pairs, the hyperparameters of its LKF* table (losses.LKF_HPARAMS)")
@@ -1389,6 +1413,29 @@ def check_inputs(args, stages):
     check_model(args.model)
 
 
+# What a restart in a run's folder may change: how the run computes (another machine, more memory), not what it
+# trains. Any other flag that differs from the folder's config.json makes the restart an error (check_same_run).
+RESTART_MAY_CHANGE = {"out", "print_every", "save_minutes", "profile_steps", "profile_after", "physical_batch",
+                      "physical_auto", "recompute_blocks", "memory_gib", "compile", "attention", "packing",
+                      "reference_graphs", "fsdp_regather", "deterministic", "no_save", "trust_remote_code"}
+
+
+def check_same_run(saved, args):
+    """A command given an --out that already holds a run (its config.json) must be that run's (to resume it, or
+    to find it done): else an error naming each setting that differs, before anything is read from the folder
+    (its checkpoint, its refusal) or written to it."""
+    differ = []
+    for key, value in vars(args).items():
+        here = json.loads(json.dumps(value))             # as config.json holds it (tuples as lists)
+        if key in saved and key not in RESTART_MAY_CHANGE and key != "refusal" and saved[key] != here:
+            differ.append(f"{key} {saved[key]!r} there, {here!r} here")
+    if args.refusal not in ("auto", "paper") and saved.get("refusal") not in (None, args.refusal):
+        differ.append(f"refusal {saved['refusal']!r} there, {args.refusal!r} here")
+    if differ:
+        raise data.UserError(f"--out {args.out} holds another run ({'; '.join(differ)}): give its own command to "
+                             "resume or rerun it, or another --out")
+
+
 def run(args):
     rank, world, device = setup_distributed()
     torch.manual_seed(args.seed)
@@ -1402,6 +1449,12 @@ def run(args):
     family = model_family(args.model)                   # from its config.json (no weights loaded)
     hp = hparams_for(args, family)
     out = Path(args.out)
+    if (out / "config.json").exists():
+        check_same_run(json.loads((out / "config.json").read_text()), args)
+    if rank == 0:
+        recover_checkpoint(out)
+    if dist.is_initialized():
+        dist.barrier()
     resume = read_checkpoint_meta(out)
     refusal, loaded = run_refusal(args, family, device, resume)       # loaded: the starting model, if detection loaded it
     config = {**vars(args), "hparams": {k: v for k, v in hp.items() if k != "control_vector"},
@@ -1412,16 +1465,20 @@ def run(args):
         (out / "config.json").write_text(json.dumps(config, indent=1))
     print0(f"method {args.method} ({family}) hp {config['hparams']} refusal {refusal!r}")
 
-    model_path, relief = args.model, {}     # relief: out of memory, less memory from then on (Trainer.shrink)
+    # relief: out of memory, less memory from then on (Trainer.shrink), kept by the checkpoint for a resume
+    model_path = args.model
+    relief = {"rows": resume.get("rows"), "recompute_all": resume.get("recompute_all", False)} if resume else {}
     for index, (name, topics) in enumerate(stages):
         folder = out / name
         if (folder / "config.json").exists() and not (resume and resume["stage"] == index):
             print0(f"[{name}] already done: {folder}")
             model_path, loaded = str(folder), None
             continue
-        trainer = Trainer(args, rank, world, device, plan, **relief)       # a new one: the last stage's memory freed
+        trainer = Trainer(args, rank, world, device, plan, **relief)       # one a stage
         model_path = str(trainer.run_stage(index, name, topics, model_path, refusal, hp, resume, loaded))
         relief = {"rows": trainer.rows, "recompute_all": trainer.recompute_all}
+        del trainer             # and its models collected now: a recomputed block's or lean MLP's forward refers to
+        gc.collect()            # its module (a cycle), which would keep them alive into the next stage's build
         resume = loaded = None
         if args.compile == "graphs":
             torch.compiler.reset()          # free the stage's compiled code and CUDA graph memory

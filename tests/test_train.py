@@ -379,6 +379,62 @@ def test_kill_and_resume_equals_uninterrupted(tiny_model_path, tmp_path, monkeyp
     assert not (tmp_path / "killed" / "checkpoint").exists()
 
 
+def test_a_kill_inside_the_checkpoint_swap_loses_no_checkpoint(tiny_model_path, tmp_path, capsys):
+    """A kill between save_checkpoint's two renames (the old checkpoint moved aside, the new one not yet in place)
+    leaves no checkpoint/ folder: the restart takes the new one if it is whole (its meta.json written), else the
+    old one, and ends where the uninterrupted run does."""
+    import pathlib
+    args = ("--lr", "1e-3", "--max-steps", "5", "--global-batch", "8", "--save-minutes", "1e-9")  # save every step
+    full = run(tiny_model_path, tmp_path / "full", "pdu", *args)
+    rename = pathlib.Path.rename
+    for whole in (True, False):
+        out, saves = tmp_path / f"killed_{whole}", []
+
+        def killed_mid_swap(path, target):
+            if path.name == "checkpoint.tmp":
+                saves.append(target)
+                if len(saves) == 2:        # the second save: the first checkpoint is already checkpoint.old
+                    raise SystemExit("test: killed between the renames")
+            return rename(path, target)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(pathlib.Path, "rename", killed_mid_swap)
+            with pytest.raises(SystemExit, match="between the renames"):
+                run(tiny_model_path, out, "pdu", *args)
+        assert not (out / "checkpoint").exists() and (out / "checkpoint.old").exists()
+        new_step, old_step = (json.loads((out / d / "meta.json").read_text())["step"]
+                              for d in ("checkpoint.tmp", "checkpoint.old"))
+        assert new_step > old_step
+        if not whole:
+            (out / "checkpoint.tmp" / "meta.json").unlink()        # killed before its meta.json: not whole
+        capsys.readouterr()
+        log = run(tiny_model_path, out, "pdu", *args)
+        assert f"resumed final at step {new_step if whole else old_step}/5" in capsys.readouterr().out
+        assert [r["step"] for r in log] == [1, 2, 3, 4, 5]
+        assert [r["loss"] for r in log] == pytest.approx([r["loss"] for r in full], rel=1e-5)
+        a, b = weights(tmp_path / "full" / "final"), weights(out / "final")
+        assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+        assert not any((out / name).exists() for name in ("checkpoint", "checkpoint.old"))
+
+
+def test_a_run_folder_takes_only_its_own_command(tiny_model_path, tmp_path, capsys):
+    """An --out that holds a run (finished, or killed with a checkpoint) resumes or skips only for that run's own
+    command: another learning rate, model or refusal is one line naming each difference, and nothing in the
+    folder changes; a flag of how it runs (--print-every, --physical-batch) may differ."""
+    common = ("--lr", "1e-3", "--max-steps", "2", "--global-batch", "8")
+    run(tiny_model_path, tmp_path / "done", "jensunpp", *common)
+    config = (tmp_path / "done" / "config.json").read_text()
+    with pytest.raises(SystemExit, match=r"holds another run \(lr 0.001 there, 0.01 here\)"):
+        run(tiny_model_path, tmp_path / "done", "jensunpp", "--lr", "1e-2", "--max-steps", "2", "--global-batch", "8")
+    with pytest.raises(SystemExit, match="refusal .* there, 'I do not know.' here"):
+        run(tiny_model_path, tmp_path / "done", "jensunpp", *common, "--refusal", "I do not know.")
+    with pytest.raises(SystemExit, match="method 'jensunpp' there, 'npo' here"):
+        run(tiny_model_path, tmp_path / "done", "npo", *common)
+    assert (tmp_path / "done" / "config.json").read_text() == config
+    capsys.readouterr()
+    run(tiny_model_path, tmp_path / "done", "jensunpp", *common, "--print-every", "1", "--physical-batch", "4")
+    assert "[final] already done" in capsys.readouterr().out
+
+
 def test_checkpoint_clock_and_deterministic_flag(tiny_model_path, tmp_path):
     """--save-minutes checkpoints by wall time (a tiny interval: after every step but the last), 0 never
     (--no-save keeps the checkpoint folder that a finished run otherwise removes); --deterministic
@@ -412,6 +468,25 @@ def test_bf16_compute_copy_keeps_fp32_masters_and_resumes(tiny_model_path, tmp_p
     resumed = weights(tmp_path / "killed" / "final")
     for k in after:
         assert torch.equal(after[k], resumed[k]), k
+
+
+def test_a_parameter_without_gradient_is_left_alone_under_a_compute_copy(tiny_model_path):
+    """A loss that reaches one weight matrix only (as RMU's leaves the layers past its hook): with a bf16 compute
+    copy, in one pass or two, every other master stays as it was (AdamW skips it: no weight decay), as without
+    a compute copy, where autograd leaves those parameters without a gradient."""
+    from model import with_parameters_in
+    reached = "model.layers.0.mlp.down_proj.weight"
+    for copy_kind, passes in (("bf16", 1), ("bf16", 2), ("none", 1)):
+        model, _ = load_model(tiny_model_path)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        compute = with_parameters_in(copy.deepcopy(model), torch.bfloat16) if copy_kind == "bf16" else model
+        optimizer = train.build_optimizer(model, 1e-2, 0.5)
+        updates = train.Updates(model, compute, optimizer, {"gpu": False, "compile": None})
+        for _ in range(passes):
+            updates.backward(dict(compute.named_parameters())[reached].float().square().sum())
+        updates.step(updates.clip(1.0))
+        moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+        assert moved == {reached}, (copy_kind, passes, moved)
 
 
 def test_compute_copy_updates_in_chunks_as_from_whole_fp32_gradients(tiny_model_path, monkeypatch):
@@ -562,15 +637,21 @@ def test_sequential_two_topics(tiny_model_path, tmp_path, two_topic_root):
                 "--topics", "challenger_disaster", "salem_witch_trials", "--mode", "sequential",
                 "--precision", "fp32", "--refusal", REFUSAL, "--max-steps", "2", "--global-batch", "8", "--lr", "1e-3"])
     assert len(open(out / "log.jsonl").readlines()) == 4
+    with pytest.raises(SystemExit, match="--no-save: a sequential run's stage starts from the model the stage before"):
+        train.main(["--method", "jensunpp", "--model", tiny_model_path, "--data-root", str(root), "--out",
+                    str(tmp_path / "unsaved"), "--topics", "challenger_disaster", "salem_witch_trials", "--mode",
+                    "sequential", "--no-save"])
+    assert not (tmp_path / "unsaved").exists()
 
 
 def test_out_of_memory_relief_carries_to_later_stages(tiny_model_path, tmp_path, two_topic_root, capsys):
     """A sequential run whose first stage runs out of memory until every decoder block is recomputed and the
-    pass halved keeps both in the second stage (a new Trainer, new models): the two reliefs once in the whole
-    run, and both stages end where a run with that memory from the start ends (bit for bit)."""
+    pass halved keeps both in the second stage (a new Trainer, new models) and across a kill (its checkpoint
+    keeps them): the two reliefs once in the whole run, and both stages end where a run with that memory from
+    the start ends (bit for bit)."""
     common = ["--method", "jensunpp", "--model", tiny_model_path, "--data-root", str(two_topic_root), "--precision",
               "fp32", "--refusal", REFUSAL, "--topics", "challenger_disaster", "salem_witch_trials", "--mode",
-              "sequential", "--lr", "1e-3", "--max-steps", "2", "--global-batch", "16", "--batch-size", "4"]
+              "sequential", "--lr", "1e-3", "--max-steps", "3", "--global-batch", "16", "--batch-size", "4"]
     forward = Layout.forward
 
     def small_memory(layout, model, seqs_by_view, *a, **k):
@@ -581,15 +662,46 @@ def test_out_of_memory_relief_carries_to_later_stages(tiny_model_path, tmp_path,
 
     train.main([*common, "--out", str(tmp_path / "ref"), "--recompute-blocks", "2", "--physical-batch", "8"])
     capsys.readouterr()
+    reliefs = []
     with pytest.MonkeyPatch.context() as m:
         m.setattr(Layout, "forward", small_memory)
-        train.main([*common, "--out", str(tmp_path / "auto")])
-    reliefs = [line for line in capsys.readouterr().out.splitlines() if "out of memory:" in line]
-    assert reliefs == ["[stage1_challenger_disaster] out of memory: " + relief for relief in
-                       ("every decoder block recomputed in backward from now on", "8 rows per forward pass from now on")]
+        m.setenv("SUITE_CRASH_AFTER_CHECKPOINT", "2")                    # killed in stage 1, after step 2
+        with pytest.raises(SystemExit, match="after the checkpoint of step 2"):
+            train.main([*common, "--out", str(tmp_path / "auto"), "--save-minutes", "1e-9"])
+        m.delenv("SUITE_CRASH_AFTER_CHECKPOINT")
+        reliefs.append([line for line in capsys.readouterr().out.splitlines() if "out of memory:" in line])
+        train.main([*common, "--out", str(tmp_path / "auto"), "--save-minutes", "1e-9"])
+        reliefs.append([line for line in capsys.readouterr().out.splitlines() if "out of memory:" in line])
+    first = ("every decoder block recomputed in backward from now on", "8 rows per forward pass from now on")
+    assert reliefs == [["[stage1_challenger_disaster] out of memory: " + relief for relief in first], []]
     for stage in ("stage1_challenger_disaster", "stage2_salem_witch_trials"):
         a, b = weights(tmp_path / "auto" / stage), weights(tmp_path / "ref" / stage)
         assert all(torch.equal(a[k], b[k]) for k in a), stage
+
+
+def test_a_stage_s_models_are_freed_before_the_next_stage_builds(tiny_model_path, tmp_path, two_topic_root,
+                                                                 monkeypatch):
+    """Sequential stages: when the second stage builds its models, none of the first stage's (masters, compute
+    copy, frozen model) is alive, though its recomputed blocks and lean MLPs refer to their own modules (a
+    cycle only the garbage collector frees) and the collector has not run on its own."""
+    import gc
+    import weakref
+    build, alive = train.build_models, []
+
+    def build_models(*a, **k):
+        assert not [r for r in alive if r() is not None], "the last stage's models are still alive"
+        models = build(*a, **k)
+        alive.extend(weakref.ref(p) for m in models[:3] if m is not None for p in m.parameters())
+        return models
+    monkeypatch.setattr(train, "build_models", build_models)
+    gc.disable()                              # only an explicit collection frees a cycle
+    try:
+        run(tiny_model_path, tmp_path / "seq", "jensunpp", "--data-root", str(two_topic_root), "--topics",
+            "challenger_disaster", "salem_witch_trials", "--mode", "sequential", "--max-steps", "1",
+            "--global-batch", "8", "--recompute-blocks", "2")
+    finally:
+        gc.enable()
+    assert len(alive) > 0
 
 
 def test_a_qwen_checkpoint_under_any_name_trains_with_the_qwen_row(tmp_path, smollm2_path):
