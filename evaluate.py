@@ -3,7 +3,7 @@
     python evaluate.py CKPT                          # a train.py stage folder, run folder, HF id or path
     python evaluate.py CKPT --judge http --judge-url http://127.0.0.1:8000/v1 --judge-model Qwen/Qwen3.5-35B-A3B
     python evaluate.py --rescore RUN_DIR             # metrics.json + report.md from rows.jsonl alone
-    python evaluate.py --table results.md --runs base=EVAL_DIR RUN/eval/final ...   # one table over runs
+    python report.py table results.md base=EVAL_DIR RUN/eval/final ...              # one table over runs
 
 For each model: greedy answers (at most 50 new tokens) to every eval wording of the 75 forget
 questions, alone and after three retain-train questions of the topic in context; the 10 adversarial
@@ -18,6 +18,7 @@ rows.jsonl (one row per query, the schema in the README), utility.json, metrics.
 A run folder of a sequential train.py run is evaluated stage by stage on every topic.
 """
 import argparse
+import hashlib
 import json
 import random
 import re
@@ -178,14 +179,24 @@ def lazy_model(model_path, precision="auto"):
     return get
 
 
+def prompt_key(query, prompt_format, system, max_new_tokens):
+    """What an answer was generated from, as a short hash: the prompt's format, system message (chat), question
+    and in-context turns, and the token limit. A kept answer counts only for a query of the same key."""
+    made_from = [prompt_format, system if prompt_format == "chat" else None, query["question"], query["context"],
+                 max_new_tokens]
+    return hashlib.sha256(json.dumps(made_from, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
 def generate_answers(get_model, queries, out_dir, batch_size, prompt_format="paper", system=data.SYSTEM_PROMPT,
                      max_new_tokens=50, share_prefix=True):
-    """Answers for all queries in `prompt_format`; finished ones (in that format) are read back from
-    answers.jsonl, new ones appended in chunks as they are produced. `share_prefix`: see model.generate."""
+    """Answers for all queries in `prompt_format`; finished ones are read back from answers.jsonl where they were
+    generated from the same prompt (prompt_key: another --seed's in-context turns, system message or data
+    release is generated again), new ones appended in chunks as they are produced. `share_prefix`: see
+    model.generate."""
     path = Path(out_dir) / "answers.jsonl"
-    def in_format(row):
-        return row.get("prompt_format", "chat") == prompt_format
-    done = {k: v["answer"] for k, v in read_jsonl_dict(path, keep=in_format).items()}
+    keys = {q["id"]: prompt_key(q, prompt_format, system, max_new_tokens) for q in queries}
+    kept = read_jsonl_dict(path, keep=lambda row: row.get("key") == keys.get(row["id"]))
+    done = {k: v["answer"] for k, v in kept.items()}
     todo = [q for q in queries if q["id"] not in done]
     if todo:
         model, tokenizer = get_model()
@@ -200,8 +211,8 @@ def generate_answers(get_model, queries, out_dir, batch_size, prompt_format="pap
                                    suppress=thinking_token_ids(tokenizer), share_prefix=share_prefix)
                 for q, a in zip(part, answers):
                     done[q["id"]] = cut_paper_answer(a, qwen) if prompt_format == "paper" else a
-                    f.write(json.dumps({"id": q["id"], "answer": done[q["id"]], "prompt_format": prompt_format},
-                                       ensure_ascii=False) + "\n")
+                    f.write(json.dumps({"id": q["id"], "answer": done[q["id"]], "prompt_format": prompt_format,
+                                        "key": keys[q["id"]]}, ensure_ascii=False) + "\n")
                 f.flush()
     return done
 
@@ -413,9 +424,20 @@ def write_results(out_dir, rows, utility, title, max_invalid=MAX_INVALID, max_rg
     return metrics
 
 
+def read_judged_rows(path):
+    """The rows of a rows.jsonl that evaluate.py wrote whole (no kill leaves half a line there): a line that is
+    not JSON, or a row without its verdicts, is an error naming file and line, never a row left out."""
+    rows = data.read_jsonl(path)
+    for r in rows:
+        if not isinstance(r.get("verdicts"), dict):
+            raise data.DataError(path, r["_line"], "verdicts", "missing or not an object of verdicts")
+        del r["_line"]
+    return rows
+
+
 def rescore(run_dir, max_invalid=MAX_INVALID, max_rgq_discarded=MAX_RGQ_DISCARDED):
     run_dir = Path(run_dir)
-    rows = list(read_jsonl_dict(run_dir / "rows.jsonl").values())
+    rows = read_judged_rows(run_dir / "rows.jsonl")
     if not rows:
         raise data.UserError(f"{run_dir / 'rows.jsonl'}: no rows to score")
     utility = json.loads((run_dir / "utility.json").read_text()) if (run_dir / "utility.json").exists() else {}
@@ -432,8 +454,10 @@ def utility_metrics(get_model, out_dir, judge, parts=("mmlu", "rep", "rgq"), *, 
                     base_path=None, mmlu_file=None, mmlu_n=2000, seed=0, instructions=None, rep_n=500,
                     rep_tokens=1000, rgq_n=100, rgq_tokens=512, long_cache=None, long_batch_size=None,
                     max_rgq_discarded=MAX_RGQ_DISCARDED, precision="auto"):
-    """MMLU, Rep and RGQ (those in `parts`), each with progress lines and kept in utility.json once done
-    (a rerun skips it). Rep and RGQ generate `long_batch_size` at a time (default: batch_size).
+    """MMLU, Rep and RGQ (those in `parts`), each with progress lines and kept in utility.json once done with
+    the settings it was made with (a rerun at those settings skips it; at others, makes it again: the README's
+    small demo never stands for a full MMLU). Rep and RGQ generate `long_batch_size` at a time (default:
+    batch_size).
     RGQ only with an LLM judge and a base model (else None, and the reason in rgq_note); it is judged
     again when the judge changed or discarded more pairs than --max-rgq-discarded (from the saved
     generations; the judge's cache holds every valid verdict, so only the discarded pairs are asked)."""
@@ -442,13 +466,20 @@ def utility_metrics(get_model, out_dir, judge, parts=("mmlu", "rep", "rgq"), *, 
     path = Path(out_dir) / "utility.json"
     result = json.loads(path.read_text()) if path.exists() else {}
     long_batch_size = long_batch_size or batch_size
+    settings = {"mmlu": {"n": mmlu_n, "seed": seed, "file": str(mmlu_file) if mmlu_file else None},
+                "rep": {"n": rep_n, "tokens": rep_tokens, "instructions": str(instructions) if instructions else None},
+                "rgq": {"n": rgq_n, "tokens": rgq_tokens, "base": str(base_path) if base_path else None,
+                        "instructions": str(instructions) if instructions else None}}
+    for part in parts:
+        if result.get(f"{part}_settings") != settings[part]:
+            result.pop(part, None)
     if "mmlu" in parts and "mmlu" not in result:
         t0 = time.time()
         rows = utility.load_mmlu(mmlu_file, n=mmlu_n, seed=seed)
         model, tokenizer = get_model()
         result["mmlu"], _ = utility.mmlu_accuracy(model, tokenizer, rows, batch_size, Progress("MMLU", len(rows)))
         result["mmlu"] *= 100
-        result["mmlu_seconds"] = round(time.time() - t0, 1)
+        result["mmlu_seconds"], result["mmlu_settings"] = round(time.time() - t0, 1), settings["mmlu"]
         path.write_text(json.dumps(result, indent=1))
     if "rep" in parts and "rep" not in result:
         t0 = time.time()
@@ -458,6 +489,7 @@ def utility_metrics(get_model, out_dir, judge, parts=("mmlu", "rep", "rgq"), *, 
                                       Progress("Rep generate", len(prompts)), cache=long_cache)
         result["rep"] = utility.repetitiveness(texts)
         result["rep_seconds"], result["rep_batch_size"] = round(time.time() - t0, 1), long_batch_size
+        result["rep_settings"] = settings["rep"]
         (Path(out_dir) / "rep_generations.jsonl").write_text(
             "".join(json.dumps({"instruction": i, "answer": t}) + "\n" for i, t in zip(prompts, texts)))
         path.write_text(json.dumps(result, indent=1))
@@ -468,7 +500,8 @@ def utility_metrics(get_model, out_dir, judge, parts=("mmlu", "rep", "rgq"), *, 
         if cannot:
             if not by_llm:                                  # an earlier LLM judge's RGQ stays
                 result.update(rgq=None, rgq_note=cannot)
-        elif result.get("rgq_judge") != judge.label or rgq_discarded_share(result) > max_rgq_discarded:
+        elif ("rgq" not in result or result.get("rgq_judge") != judge.label
+              or rgq_discarded_share(result) > max_rgq_discarded):
             t0 = time.time()
             subset = utility.load_instructions(instructions)[:rgq_n]
             base, new = rgq_generations(get_model, base_path, subset, out_dir, rgq_tokens, long_batch_size, long_cache,
@@ -478,6 +511,7 @@ def utility_metrics(get_model, out_dir, judge, parts=("mmlu", "rep", "rgq"), *, 
             result["rgq"] = result.pop("rgq_rgq") * 100 if result.get("rgq_rgq") is not None else None
             result.pop("rgq_note", None)
             result["rgq_judge"], result["rgq_seconds"] = judge.label, round(time.time() - t0, 1)
+            result["rgq_settings"] = settings["rgq"]
         path.write_text(json.dumps(result, indent=1))
     return result
 
@@ -495,7 +529,8 @@ def rgq_generations(get_model, base_path, instructions, out_dir, tokens, batch_s
     import utility
     path = Path(out_dir) / "rgq_generations.jsonl"
     saved = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    if [r["instruction"] for r in saved] == instructions and all(r["tokens"] == tokens for r in saved):
+    if ([r["instruction"] for r in saved] == instructions
+            and all(r["tokens"] == tokens and r.get("base_model") == str(base_path) for r in saved)):
         return [r["base"] for r in saved], [r["new"] for r in saved]
     model, tokenizer = get_model()
     new = utility.generate_long(model, tokenizer, instructions, tokens, batch_size,
@@ -505,7 +540,8 @@ def rgq_generations(get_model, base_path, instructions, out_dir, tokens, batch_s
                                  Progress("RGQ generate (base model)", len(instructions)), cache=long_cache)
     del base_model
     tmp = path.with_name(path.name + ".tmp")            # whole or absent: a rerun reads it back
-    tmp.write_text("".join(json.dumps({"instruction": i, "base": b, "new": n, "tokens": tokens}) + "\n"
+    tmp.write_text("".join(json.dumps({"instruction": i, "base": b, "new": n, "tokens": tokens,
+                                       "base_model": str(base_path)}) + "\n"
                            for i, b, n in zip(instructions, base, new)))
     tmp.replace(path)
     return base, new
@@ -583,7 +619,7 @@ def evaluate_model(model_path, out_dir, queries, judge, *, batch_size=DEFAULT_BA
     t["utility_s"] = round(time.time() - t0, 1)
     if base_eval:
         t0 = time.time()
-        base_rows = list(read_jsonl_dict(Path(base_eval) / "rows.jsonl").values())
+        base_rows = read_judged_rows(Path(base_eval) / "rows.jsonl")
         utility["nll"] = nll_before_after(model_path, base_path, nll_topics, data_root, base_rows, out_dir)["summary"]["groups"]
         t["nll_s"] = round(time.time() - t0, 1)
     utility["timing"] = t

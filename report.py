@@ -746,9 +746,12 @@ def sample_rows(eval_dirs, root, seed=0, quota=SAMPLE_QUOTA):
 
 
 def write_jsonl(path, rows):
-    with open(path, "w", encoding="utf-8") as f:
+    """Whole or not at all: written beside, then renamed over `path` (rejudge rewrites a kept rows.jsonl in place)."""
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    tmp.replace(path)
 
 
 def sample_command(args):

@@ -119,6 +119,13 @@ def test_rescore_reproduces_metrics(tmp_path):
     assert metrics["average"]["Q*_All"] == 75.0
     text = (tmp_path / "report.md").read_text()
     assert "approximate" in text and "| t |" in text and "| average |" in text
+    whole = (tmp_path / "rows.jsonl").read_text()                 # a row cut short, a row without verdicts: errors
+    for broken, message in ((whole[:-20], f"rows.jsonl:{len(rows)}: not valid JSON"),
+                            (whole + json.dumps({**rows[0], "verdicts": None}) + "\n",
+                             f"rows.jsonl:{len(rows) + 1} field 'verdicts': missing")):
+        (tmp_path / "rows.jsonl").write_text(broken)
+        with pytest.raises(SystemExit, match=message):
+            evaluate.main(["--rescore", str(tmp_path)])
 
 
 def test_batched_generation_equals_one_by_one(tiny_model_path):
@@ -165,9 +172,11 @@ def test_end_to_end_on_smollm2_with_resume(smollm2_path, tmp_path):
     assert len(open(out / "answers.jsonl").readlines()) == n_answers
 
 
-def test_answers_of_one_prompt_format_never_stand_in_for_the_other(tiny_model_path, tmp_path):
+def test_kept_answers_stand_only_for_their_own_prompt(tiny_model_path, tmp_path):
     """A folder answered in the paper format, asked again in the chat format, generates every answer anew
-    (and a rerun in either format reads its own back)."""
+    (and a rerun in either format reads its own back); under another --seed only the queries whose in-context
+    turns changed are generated again. The utility metrics are kept with their settings: a rerun at other
+    settings (--mmlu-n) makes them again."""
     out = tmp_path / "eval"
     args = [tiny_model_path, "--data-root", str(FIXTURE), "--out", str(out), "--limit", "1", "--sets", "adversarial",
             "--skip", "mmlu", "rep", "rgq", "--judge", "rules"]
@@ -180,6 +189,15 @@ def test_answers_of_one_prompt_format_never_stand_in_for_the_other(tiny_model_pa
     assert json.loads((out / "metrics.json").read_text())["prompt_format"] == ["chat"]
     evaluate.main(args)
     assert len(open(out / "answers.jsonl").readlines()) == 2 * n_answers
+    rows = [json.loads(l) for l in open(out / "rows.jsonl")]
+    evaluate.main(args + ["--seed", "1"])
+    moved = [r for r, again in zip(rows, map(json.loads, open(out / "rows.jsonl"))) if r["context"] != again["context"]]
+    assert moved and all(r["format"] == "context" for r in moved)
+    assert len(open(out / "answers.jsonl").readlines()) == 2 * n_answers + len(moved)
+    mmlu = args[:-6] + ["--skip", "rep", "rgq", "--judge", "rules", "--mmlu-n"]
+    for n in ("4", "4", "8"):
+        evaluate.main(mmlu + [n])
+        assert json.loads((out / "utility.json").read_text())["mmlu_settings"]["n"] == int(n)
 
 
 def test_paper_prompt_format():
