@@ -9,6 +9,7 @@ live in suite.py and run from here:
 
 Layout and counts: data/SUITE_FORMAT.md; our source format: data/README.md.
 """
+import collections
 import contextlib
 import json
 import math
@@ -112,8 +113,9 @@ def read_json_array(path):
     if not isinstance(rows, list):
         raise DataError(path, None, None, "must hold one JSON array")
     for i, row in enumerate(rows):
-        if isinstance(row, dict):
-            row["_line"] = i + 1   # element index, reported as the line for arrays
+        if not isinstance(row, dict):
+            raise DataError(path, i + 1, None, f"element {i + 1} of the array is not a JSON object")
+        row["_line"] = i + 1   # element index, reported as the line for arrays
     return rows
 
 
@@ -196,6 +198,15 @@ def fact_of(label):
     head, _, variant = label.partition("@")
     fact, _, qtype = head.partition("-")
     return fact, qtype, variant or "original"
+
+
+def retain_role(label):
+    """What a retain row is to its forget partner, comparable across topics: its category, its tier (semantic
+    rows) or the question it mirrors (syntax rows), and its format: 'Syntax-M1-direct@q' -> ('Syntax', 'M1-direct',
+    'q'), 'Semantic-3-Title@blank' -> ('Semantic', 3, 'blank'), 'GK-12 - ...' -> ('GK', None, 'original')."""
+    head, _, fmt = label.partition("@")
+    kind, tier = category(label)
+    return kind, head.split("-", 1)[1] if kind == "Syntax" else tier, fmt or "original"
 
 
 def category(label):
@@ -393,17 +404,20 @@ class PairedTrainSet:
     system message; each example gets 0-2 short in-context QA turns, drawn anew every epoch (seeded by
     seed, epoch and pair index, so a resumed run sees the same prompts). For JensUn++
     (`context_refusals`) the retain context pool also holds the topic's 25 direct forget questions
-    (original wording) answered with the refusal (appendix B.3).
+    (original wording) answered with the refusal: the authors' runs (issue 15), where appendix B.3's text
+    says "all forget-set questions".
 
     Ablations (appendix C.1): `pairing=False` pairs forget rows with a seeded permutation of the retain
-    rows; `exclude` drops retain categories ("GK", "Syntax", "Lexical") and re-pairs the forget rows
-    with the remaining retain rows in turn; `prefix_mixing=False` always starts the refusal at i = 0;
+    rows; `exclude` drops the pairs whose retain row is of those categories ("GK", "Syntax", "Lexical"),
+    every other pair kept whole (the paper's tab:ablation_c adjusts the epochs so that every run sees as many
+    samples: train.py does, by `full_size`); `prefix_mixing=False` always starts the refusal at i = 0;
     `prefix_targets=False` leaves the answer-prefix positions unsupervised.
 
     `retain_topics` (ours, an ablation of sequential unlearning): pair i takes its retain row from these
-    topics in turn, one more each epoch (topic (i + epoch) mod k, line i of its retain set). Every topic in
-    SUITE lays its retain lines out alike, so line i keeps its format and question type; the own topic's
-    line i is pair i's partner, and one topic alone is the usual pairing."""
+    topics in turn, one more each epoch (topic (i + epoch) mod k). From its own topic that is its partner;
+    from another, a row of the same role (retain_role: category, tier or mirrored question, format), the
+    roles' rows taken in turn, so the pairing's hard negatives keep their kind. One topic alone is the usual
+    pairing."""
 
     def __init__(self, tokenizer, topics, root=DEFAULT_ROOT, refusal=None, seed=0, context_refusals=False,
                  max_context=2, forget_key="forget_train", retain_key="retain_train", system=SYSTEM_PROMPT,
@@ -416,27 +430,45 @@ class PairedTrainSet:
             self.refusal_ids = self.refusal_plain + [eot]
             self.refusal_after_prefix = tokenizer(" " + refusal, add_special_tokens=False).input_ids + [eot]
         self.short = load_pools(root)["short_context"]
-        self.pairs, self.retain_pools = [], {}
+        self.pairs, self.retain_pools, self.full_size = [], {}, 0       # full_size: pairs before `exclude`
         for topic in topics:
             files = load_topic(topic, root)
             forget = files[forget_key] if forget_key == "forget_train" else relearn_rows(files, forget_key, seed)
-            self.retain_pools[topic] = self.short + ([(q, refusal) for q in direct_originals(files)]
-                                                     if context_refusals else [])
+            direct = direct_originals(files) if context_refusals else []
+            if context_refusals and not direct:
+                raise DataError(topic_paths(root, topic)["forget_eval"], None, "label", "no '<fact>-direct' label: "
+                                "JensUn++'s in-context refusal turns are the topic's direct questions")
+            self.retain_pools[topic] = self.short + [(q, refusal) for q in direct]
             if not retain_key:
                 self.pairs += [(topic, f, None) for f in forget]
                 continue
-            retain = [r for r in files[retain_key] if category(r["label"])[0] not in exclude]
-            if not retain:
-                raise ValueError(f"{topic}: no retain rows left after excluding {exclude}")
+            retain = list(files[retain_key])
             if not pairing:
                 random.Random(f"{seed}-unpaired-{topic}").shuffle(retain)
-            self.pairs += [(topic, f, retain[i % len(retain)]) for i, f in enumerate(forget)]
+            pairs = [(topic, f, retain[i % len(retain)]) for i, f in enumerate(forget)]
+            self.full_size += len(pairs)
+            self.pairs += [pair for pair in pairs if category(pair[2]["label"])[0] not in exclude]
+        if retain_key and not self.pairs:
+            raise ValueError(f"{', '.join(topics)}: no pairs left after excluding {', '.join(exclude)}")
         self.answers = [(answer_ids(tokenizer, f["answer"]), answer_ids(tokenizer, r["answer"]) if r else None)
                         for _, f, r in self.pairs]
-        self.retain_topics = {}                 # topic -> (retain rows, their answer ids), when retain_topics is set
+        self.retain_topics = {}                 # topic -> [(pair i's retain row, its answer ids)], under retain_topics
         for topic in retain_topics or []:
             rows = [r for r in load_topic(topic, root)[retain_key] if category(r["label"])[0] not in exclude]
-            self.retain_topics[topic] = rows, [answer_ids(tokenizer, r["answer"]) for r in rows]
+            alike, taken = collections.defaultdict(list), collections.Counter()   # rows by role, then by looser keys
+            for r in rows:
+                kind, which, fmt = retain_role(r["label"])
+                for key in ((kind, which, fmt), (kind, fmt), fmt):
+                    alike[key].append(r)
+            matched = []
+            for own_topic, _, own in self.pairs:
+                kind, which, fmt = retain_role(own["label"])
+                key = next((k for k in ((kind, which, fmt), (kind, fmt), fmt) if alike[k]), None)
+                same = alike[key] if key is not None else rows       # a role this topic lacks: the nearest it has
+                pick = own if own_topic == topic else same[taken[key] % len(same)]
+                taken[key] += own_topic != topic
+                matched.append((pick, answer_ids(tokenizer, pick["answer"])))
+            self.retain_topics[topic] = matched
 
     def __len__(self):
         return len(self.pairs)
@@ -446,8 +478,7 @@ class PairedTrainSet:
         if not self.retain_topics:
             return self.pairs[i][2], self.answers[i][1]
         names = list(self.retain_topics)
-        rows, ids = self.retain_topics[names[(i + epoch) % len(names)]]
-        return rows[i % len(rows)], ids[i % len(rows)]
+        return self.retain_topics[names[(i + epoch) % len(names)]][i]
 
     def prompts(self, i, epoch):
         """The forget and retain prompt ids of pair i in `epoch`: fresh in-context turns every epoch."""

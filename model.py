@@ -428,7 +428,8 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
     batch_size with copies of its last prompt, and the longest prompts go first: transformers sizes
     each new static cache to the largest it has made (seen with 5.24), so one cache length, and one
     compiled decoding shape, serves the whole call (shortest first, each longer batch grew the cache
-    and recompiled). `suppress`: token ids never generated (e.g. a thinking-mode opener)."""
+    and recompiled). `suppress`: token ids never generated (e.g. a thinking-mode opener). Plain greedy: a
+    checkpoint's generation_config penalties (repetition_penalty, no_repeat_ngram_size) are not applied."""
     device = next(model.parameters()).device
     if cache == "static" and not getattr(model, "_can_compile_fullgraph", False):
         print(f"generate: {type(model).__name__} does not support a static KV cache; using the dynamic one", flush=True)
@@ -457,6 +458,7 @@ def generate(model, tokenizer, prompts, max_new_tokens=50, batch_size=64, progre
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
                              max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=pad,
                              temperature=None, top_p=None, top_k=None, cache_implementation=cache,
+                             repetition_penalty=1.0, no_repeat_ngram_size=0,     # plain greedy: no checkpoint's penalty
                              suppress_tokens=list(suppress) or None, **({cache_argument(model): past} if past is not None else {}))
         for b, i in enumerate(idx):
             answers[i] = tokenizer.decode(out[b, T:], skip_special_tokens=True).strip()

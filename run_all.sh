@@ -159,7 +159,7 @@ small_inject() {   # the injected model; its evaluations and the base model's ru
   inject inject "$out/injected"
   [ -f "$out/injected/eval/final/metrics.json" ] || background bash -c "python evaluate.py $out/injected $SMALL_EVAL --skip rgq > $out/injected/eval.log 2>&1"
   # the same knowledge asked in the authors' raw-text format
-  [ -f "$out/eval_injected_paper/metrics.json" ] || background bash -c "python evaluate.py $out/injected ${SMALL_EVAL/--prompt-format $SMALL_PROMPT/--prompt-format paper} --skip mmlu rep rgq --out $out/eval_injected_paper > $out/eval_injected_paper.log 2>&1"
+  [ -f "$out/eval_injected_paper/final/metrics.json" ] || background bash -c "python evaluate.py $out/injected ${SMALL_EVAL/--prompt-format $SMALL_PROMPT/--prompt-format paper} --skip mmlu rep rgq --out $out/eval_injected_paper > $out/eval_injected_paper.log 2>&1"
 }
 
 small_sweep() {   # every method at every learning rate side by side (a pool line each), then report.py's picks ($m.selected)
@@ -177,11 +177,15 @@ for m in '$SMALL_METHODS'.split():
 
 small_lambda() {   # optional: at each picked LR, every loss factor the paper swept; then the pick again
   local out=$1 m lr line flags
-  local -A default=()               # the method's own loss factors: the LR sweep's run already has them
+  local -A default=()               # the LR sweep's own loss factors (the Llama row's, or SMALL_LAMBDAS')
   while read -r key value; do default[$key]=$value; done < <(python -c "import losses
 for m in '$SMALL_METHODS'.split():
     h = losses.resolve_hparams(m, 'llama')
     print(m + '--lambda-f', '%g' % h['lambda_f']); print(m + '--lambda-r', '%g' % h['lambda_r'])")
+  for m in "${!SMALL_LAMBDAS[@]}"; do
+    set -- ${SMALL_LAMBDAS[$m]}
+    while [ $# -gt 0 ]; do default[$m$1]=$(printf '%g' "$2"); shift 2; done
+  done
   for m in $SMALL_METHODS; do
     flags=$(picked_flags "$out/sweep/$m.selected") || continue
     lr=${flags#--lr }; lr=${lr%% *}
@@ -191,7 +195,8 @@ for m in '$SMALL_METHODS'.split():
       [ "$(printf '%g' "$2")" = "${default[$m$1]}" ] || line+="{ $(small_train "$out/sweep/$m-lr$lr${1#--}$2" --method "$m" --lr "$lr" "$1" "$2"); } & "
       shift 2
     done
-    echo "${line}wait; python report.py table $out/sweep/$m.md $out/sweep/$m-lr*/eval/final > /dev/null"
+    # every factor's status (a bare wait returns 0 whatever failed), the table (the pick again) in any case
+    echo "${line}st=0; for p in \$(jobs -p); do wait \$p || st=1; done; python report.py table $out/sweep/$m.md $out/sweep/$m-lr*/eval/final > /dev/null; exit \$st"
   done | pool || echo "the block goes on with the methods that finished"
 }
 
@@ -386,7 +391,7 @@ block_lkf_small() {
   while read -r m flags; do lkf_flags[$m]=$flags; done < <(lkf_small_flags $picked_lrs)
   start_mps
   {
-    echo "[ -f $out/base/eval_lkf/final/metrics.json ] || { python evaluate.py $SMALL_MODEL $eval_args --protocol lkf --out $out/base/eval_lkf/final && python evaluate.py $SMALL_MODEL $eval_args --topics challenger_disaster --out $out/base/eval/final; } > $out/base.log 2>&1"
+    echo "{ { [ -f $out/base/eval_lkf/final/metrics.json ] || python evaluate.py $SMALL_MODEL $eval_args --protocol lkf --out $out/base/eval_lkf/final; } && { [ -f $out/base/eval/final/metrics.json ] || python evaluate.py $SMALL_MODEL $eval_args --topics challenger_disaster --out $out/base/eval/final; }; } >> $out/base.log 2>&1"
     for m in $LKF_METHODS; do
       pick=${pick_of[$m]}
       echo "[ -f $out/$m-lkf/eval/final/metrics.json ] || { python train.py --method $m --model $SMALL_MODEL --recipe lkf ${lkf_flags[$m]} $SMALL_TRAIN_ARGS --print-every 60 --out $out/$m-lkf && python evaluate.py $out/$m-lkf $eval_args --protocol lkf && python evaluate.py $out/$m-lkf $eval_args --topics challenger_disaster; } > $out/$m-lkf.log 2>&1"

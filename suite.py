@@ -734,6 +734,29 @@ def check_adversarial(found, adv, fe):
             found.error("adversarial", None, "label", f"no adversarial row for {label}")
 
 
+def check_pairing(found, files):
+    """Line i of retain_train is line i of forget_train's partner (appendix B.2): a syntax row mirrors exactly
+    its partner's label, any other row that names a format is in its partner's (original, q, blank). A file out of order
+    passes the counts, and trains every pair with a wrong hard negative."""
+    named = {(e.path, e.line) for e in found.list if e.field == "label"}          # a bad label is named once
+    retain = {r["_line"]: r for r in files.get("retain_train", []) if isinstance(r.get("label"), str)}
+    for f in files.get("forget_train", []):
+        r = retain.get(f["_line"])
+        if (r is None or not isinstance(f.get("label"), str) or (str(found.paths["forget_train"]), f["_line"]) in named
+                or (str(found.paths["retain_train"]), r["_line"]) in named):
+            continue
+        if r["label"].startswith("Syntax-"):
+            ok, wanted = r["label"] == "Syntax-" + f["label"], repr("Syntax-" + f["label"])
+        elif "@" in r["label"]:                # the official release's GK and lexical labels name no format
+            fmt = retain_format(fact_of(f["label"])[2])
+            ok, wanted = r["label"].endswith("@" + fmt), f"a label ending @{fmt}"
+        else:
+            continue
+        if not ok:
+            found.flag("retain_train", r, "label", f"{r['label']!r} does not pair with forget_train line "
+                       f"{f['_line']} ({f['label']!r}): expected {wanted}")
+
+
 def validate_topic(topic, root=DEFAULT_ROOT, partial=False, strict=None, source_root=None):
     """Every violation of one topic of a SUITE root (official layout), each once, as DataErrors;
     those with `.warning` set do not fail validation. `strict` (default: on for our data/suite only)
@@ -754,6 +777,7 @@ def validate_topic(topic, root=DEFAULT_ROOT, partial=False, strict=None, source_
         check_lkf_retain(found, usable)
     else:
         check_counts(found, n_rows, usable, partial)
+        check_pairing(found, files)
     ft, fe, fr = usable["forget_train"], usable["forget_eval"], usable["forget_eval_rephrasings"]
     train_wordings = train_wordings_of(ft)
     check_forget_eval(found, fe, fr, ("direct",) if lkf else ("direct", "reverse", "indirect"))

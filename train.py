@@ -740,7 +740,10 @@ class Trainer:
         self.trainset = build_data(args, spec, tokenizer, topics, refusal, stage_index)
         self.needs_retain = not spec.get("relearn") and (spec["retain"] or self.hp["lambda_r"] > 0)
         self.steps_per_epoch = math.ceil(len(self.trainset) / args.global_batch)
-        self.total = min(self.steps_per_epoch * args.epochs, args.max_steps or math.inf)
+        # --exclude-retain drops pairs: more epochs, so that the run sees as many samples (tab:ablation_c)
+        full, kept = self.trainset.full_size, len(self.trainset)
+        self.epochs = round(args.epochs * full / kept) if args.exclude_retain and full else args.epochs
+        self.total = min(self.steps_per_epoch * self.epochs, args.max_steps or math.inf)
         self.optimizer = build_optimizer(self.model, self.hp["lr"], args.weight_decay)
         start, lambda_r = self.resume(resume_meta)
         self.updates = Updates(self.model, self.compute, self.optimizer, self.plan)
@@ -751,7 +754,7 @@ class Trainer:
         if args.compile == "graphs":
             # Every batch padded to the stage's longest sequence and answer span, so each compiled model
             # sees one shape per batch size and compiles once.
-            self.lengths = self.trainset.longest(spec["views"], self.needs_retain, args.epochs)
+            self.lengths = self.trainset.longest(spec["views"], self.needs_retain, self.epochs)
             print0(f"--compile graphs: every view padded to (rows, T, K) = {(self.rows, *self.lengths)}")
         self.build_layouts()
         print0(f"[{stage_name}] {len(self.trainset)} pairs, {self.steps_per_epoch} steps per epoch of "

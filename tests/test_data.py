@@ -297,6 +297,33 @@ def test_train_files_must_pair(fixture_root):
     assert any("retain_train.json" in e and "training pair" in e for e in errors_of(fixture_root))
 
 
+def test_train_files_pair_line_by_line(fixture_root):
+    """retain_train in another order keeps its count but not its pairs: every pair it breaks is named."""
+    rewrite(final(fixture_root, "retain_train"), lambda rows: rows.insert(0, rows.pop()))
+    broken = [e for e in errors_of(fixture_root) if "does not pair with forget_train line" in e]
+    assert broken and all("retain_train.json:" in e and "field 'label'" in e for e in broken)
+
+
+def test_a_json_array_of_other_than_objects_is_named(fixture_root):
+    path = fixture_root / "few_shot_context" / "short_context.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) + ["a string"]))
+    with pytest.raises(data.DataError, match=r"short_context.json:\d+: element \d+ of the array is not a JSON object"):
+        data.load_pools(fixture_root)
+
+
+def test_jensunpp_context_refusals_need_the_direct_questions(fixture_root, smollm2_path):
+    """JensUn++'s in-context refusal turns are the topic's direct questions: a forget_eval without a
+    '<fact>-direct' label is an error naming the file, not a run that silently trains without them."""
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    pool = data.PairedTrainSet(tok, [TOPIC], fixture_root, refusal="No.", context_refusals=True).retain_pools[TOPIC]
+    assert len(pool) > len(data.load_pools(fixture_root)["short_context"])
+    rewrite(final(fixture_root, "forget_eval"), lambda rows: [r.update(label=r["label"].replace("-direct", "_direct"))
+                                                               for r in rows])
+    with pytest.raises(data.DataError, match="forget_eval.json field 'label': no '<fact>-direct' label"):
+        data.PairedTrainSet(tok, [TOPIC], fixture_root, refusal="No.", context_refusals=True)
+
+
 def test_full_counts_enforced_without_partial():
     errs = errors_of(FIXTURE, partial=False)
     assert any("forget_eval.json" in e and "the release has 75" in e for e in errs)

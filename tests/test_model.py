@@ -455,6 +455,20 @@ print(model.save_atomically(folder, write))"""
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]
 
 
+def test_generation_is_plain_greedy_whatever_the_checkpoint_asks(tiny_model_path):
+    """A checkpoint whose generation_config asks for penalties (Qwen2.5-Instruct ships repetition_penalty 1.05)
+    answers as one without them: the same greedy decoding for every model. The penalties do change this
+    model's answers (it repeats itself), so the test sees them."""
+    model, tok = load_model(tiny_model_path)
+    prompts = [data.prompt_ids(tok, q) for q in ["What is 2+2?", "Name a colour of the sky."]]
+    plain = generate(model, tok, prompts, 12, 2)
+    model.generation_config.repetition_penalty, model.generation_config.no_repeat_ngram_size = 1.5, 2
+    penalised = [tok.decode(o[len(p):], skip_special_tokens=True).strip() for p, o in zip(prompts, (
+        model.generate(input_ids=torch.tensor([p]), max_new_tokens=12, do_sample=False)[0] for p in prompts))]
+    assert penalised != plain
+    assert generate(model, tok, prompts, 12, 2) == plain
+
+
 def test_shared_prefix_prefilled_once_answers_as_left_padding(smollm2_path):
     """generate prefills the prefix a batch's prompts share once (dynamic cache), the rest of each prompt
     after the padding: on a real model (fp32) the greedy answers of the paper-format prompts, with and

@@ -3,6 +3,7 @@
     python -m pytest tests/test_run_all.py -q
 """
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,19 @@ def dry_run(*blocks, **env):
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
+
+
+def test_small_lambda_part_sweeps_the_factors_its_learning_rate_run_lacks():
+    """Part lambda: at each method's picked LR, every loss factor the paper swept except the ones the LR sweep's
+    run already has (the Llama row's, or SMALL_LAMBDAS': JensUn++'s lambda_f 2, so its 0.33 is run); the line
+    fails when any factor's run failed (a bare `wait` passed whatever failed), the pick made again in any case."""
+    lines = [l for l in dry_run("small", SMALL_PARTS="lambda") if l.startswith("+ ") and "--method jensunpp" in l]
+    assert len(lines) == 1
+    factors = sorted({float(f) for f in re.findall(r"--method jensunpp --lr \S+ --lambda-f (\S+) ", lines[0])})
+    assert factors == [0.2, 0.33, 0.5, 1.0, 4.0]
+    assert lines[0].endswith("> /dev/null; exit $st") and "wait $p || st=1" in lines[0]
+    npo = next(l for l in dry_run("small", SMALL_PARTS="lambda") if "--method npo" in l)
+    assert sorted({float(f) for f in re.findall(r"--lambda-r (\S+) ", npo)}) == [0.5, 1.0, 5.0]   # its own 3 left out
 
 
 def test_dry_run_prints_every_block():

@@ -815,10 +815,11 @@ def test_prefix_ablations_at_token_level(tiny_model_path):
     assert prefixed > len(default) // 2
 
 
-def test_pairing_and_retain_ablations(tiny_model_path):
+def test_pairing_and_retain_ablations(tiny_model_path, tmp_path):
     """--no-pairing: the forget rows keep their order, the retain rows are a seeded permutation of the
     paired ones (the same one on every run with the seed, another with another seed). --exclude-retain
-    GK Lexical: no retain row of those categories; the forget rows pair with the rest in turn."""
+    GK Lexical: the pairs whose retain row is of those categories are dropped, every other pair kept whole, and
+    the run trains more epochs, as many samples as the whole set's (tab:ablation_c)."""
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     paired, unpaired = ablation_set(tok), ablation_set(tok, "--no-pairing")
@@ -829,11 +830,14 @@ def test_pairing_and_retain_ablations(tiny_model_path):
     assert shuffled != retain and sorted(map(json.dumps, shuffled)) == sorted(map(json.dumps, retain))
     assert [r for _, _, r in ablation_set(tok, "--no-pairing").pairs] == shuffled
     assert [r for _, _, r in ablation_set(tok, "--no-pairing", "--seed", "1").pairs] != shuffled
-    kept = [r for r in retain if data.category(r["label"])[0] not in ("GK", "Lexical")]
-    assert 0 < len(kept) < len(retain)
+    kept = [pair for pair in paired.pairs if data.category(pair[2]["label"])[0] not in ("GK", "Lexical")]
+    assert 0 < len(kept) < len(paired.pairs)
     excluded = ablation_set(tok, "--exclude-retain", "GK", "Lexical")
-    assert [f for _, f, _ in excluded.pairs] == forget
-    assert [r for _, _, r in excluded.pairs] == [kept[i % len(kept)] for i in range(len(forget))]
+    assert excluded.pairs == kept and excluded.full_size == len(paired.pairs) == len(paired)
+    log = run(tiny_model_path, tmp_path / "excluded", "graddiff", "--exclude-retain", "GK", "Lexical", "--epochs", "2",
+              "--global-batch", "16", "--lr", "1e-3", "--no-save")
+    epochs = round(2 * len(paired) / len(kept))                       # as many samples as 2 epochs of every pair
+    assert epochs > 2 and len(log) == math.ceil(len(kept) / 16) * epochs
 
 
 def test_reference_loss_curve(tiny_model_path, tmp_path, request):
@@ -1135,8 +1139,10 @@ def test_training_sequences_at_token_level(smollm2_path):
 
 def test_retain_scope_seen_takes_the_seen_topics_in_turn(smollm2_path):
     """--retain-scope seen (an ablation of sequential runs): one topic is the usual pairing, every view
-    equal; with two, pair i in epoch e takes line i of topic (i + e) mod 2's retain set, so that the own
-    topic's line i (pair i's partner) comes back every other epoch and the forget side never changes."""
+    equal; with two, pair i in epoch e takes its retain row from topic (i + e) mod 2: its own partner every
+    other epoch, else a row of the other topic of its partner's role (category, tier or mirrored question,
+    format: the real files hold one for most pairs, and its category and format for all but a few), and the
+    forget side never changes."""
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(smollm2_path)
     root, topics = data.DEFAULT_ROOT, ["challenger_disaster", "salem_witch_trials"]
@@ -1147,12 +1153,17 @@ def test_retain_scope_seen_takes_the_seen_topics_in_turn(smollm2_path):
     for e in (0, 1):
         assert alone.views(range(20), names, True, e) == own.views(range(20), names, True, e)
     seen = data.PairedTrainSet(tok, topics[:1], root, refusal="Unfortunately, no.", seed=0, retain_topics=topics)
-    retain = {t: data.load_topic(t, root)["retain_train"] for t in topics}
+    salem = data.load_topic(topics[1], root)["retain_train"]
+    roles = [(data.retain_role(own.pairs[i][2]["label"]), data.retain_role(seen.retain_of(i, 1 - i % 2)[0]["label"]))
+             for i in range(len(own))]                                # every pair's Salem turn
+    assert all(seen.retain_of(i, e)[0] in salem for i in range(len(own)) for e in ((1 - i % 2),))
+    assert sum(a == b for a, b in roles) > 0.8 * len(roles)
+    assert sum((a[0], a[2]) == (b[0], b[2]) for a, b in roles) >= len(roles) - 5
     for e in (0, 1, 2):
         for i in (0, 1, 7, 449):
-            topic = topics[(i + e) % 2]
-            assert seen.retain_of(i, e)[0] == retain[topic][i % len(retain[topic])]
-            assert seen.retain_of(i, e)[1] == data.answer_ids(tok, retain[topic][i % len(retain[topic])]["answer"])
+            row, ids = seen.retain_of(i, e)
+            assert ids == data.answer_ids(tok, row["answer"])
+            assert (row == own.pairs[i][2]) == ((i + e) % 2 == 0)    # its own partner in its own topic's turns
         views, plain = seen.views([3, 4], names, True, e), own.views([3, 4], names, True, e)
         assert views["forget"] == plain["forget"] and views["mixed"] == plain["mixed"]
         assert [s["ids"][-len(seen.retain_of(i, e)[1]):] for i, s in zip((3, 4), views["retain"])] == \
