@@ -409,6 +409,10 @@ block_sweeps() {
                 [pdu]="1e-6 3e-6 5e-6 8e-6" [rmu]="3e-5 7e-5 1e-4 3e-4" [satimp]="7e-6 8e-6 1e-5 3e-5"
                 [simnpo]="7e-6 1e-5 2e-5 3e-5" [undial]="5e-5 1e-4 5e-4" [wga]="5e-6 8e-6 1e-5 2e-5"
                 [jensunpp]="1e-6 2e-6 3e-6 4e-6")
+  local -A default=()      # the Llama row's LR and loss factors: its run in the LR sweep is the lambda sweep's default
+  while read -r key value; do default[$key]=$value; done < <(python -c "import losses
+for m, h in ((m, losses.resolve_hparams(m, 'llama')) for m in losses.METHODS):
+    print(m + '--lr', '%g' % h['lr']); print(m + '--lambda-f', '%g' % h['lambda_f']); print(m + '--lambda-r', '%g' % h['lambda_r'])")
   for m in "${!LRS[@]}"; do
     for lr in ${LRS[$m]}; do
       train --method "$m" --model "$LLAMA" --topics challenger_disaster --lr "$lr" --out "$RUNS/sweep/$m-lr$lr"
@@ -416,6 +420,9 @@ block_sweeps() {
     done
     set -- ${LAMBDA_SWEEP[$m]}
     while [ $# -gt 0 ]; do
+      if [[ " $(printf '%g ' ${LRS[$m]})" == *" ${default[$m--lr]} "* ]] && [ "$(printf '%g' "$2")" = "${default[$m$1]}" ]; then
+        shift 2; continue     # the LR sweep's run at the Llama row's LR has this factor already
+      fi
       train --method "$m" --model "$LLAMA" --topics challenger_disaster "$1" "$2" --out "$RUNS/sweep/$m${1#--}$2"
       evaluate "$RUNS/sweep/$m${1#--}$2" --topics challenger_disaster
       shift 2

@@ -33,6 +33,21 @@ def test_small_lambda_part_sweeps_the_factors_its_learning_rate_run_lacks():
     assert sorted({float(f) for f in re.findall(r"--lambda-r (\S+) ", npo)}) == [0.5, 1.0, 5.0]   # its own 3 left out
 
 
+def test_sweeps_block_trains_no_setting_twice():
+    """Block sweeps (Llama): the lambda sweep runs at the Llama row's LR, whose run the LR sweep has made at the
+    row's own loss factors: that factor is not trained again (10 of 76 runs were repeats)."""
+    runs = [l for l in dry_run("sweeps") if "train.py" in l]
+    settings = []
+    for line in runs:
+        m = line.split("--method ")[1].split()[0]
+        h = losses.resolve_hparams(m, "llama")
+        lr = float(re.search(r"--lr (\S+)", line).group(1)) if "--lr " in line else h["lr"]
+        f = float(re.search(r"--lambda-f (\S+)", line).group(1)) if "--lambda-f " in line else h["lambda_f"]
+        r = float(re.search(r"--lambda-r (\S+)", line).group(1)) if "--lambda-r " in line else h["lambda_r"]
+        settings.append((m, lr, f, r))
+    assert len(settings) == len(set(settings)) == 66
+
+
 def test_dry_run_prints_every_block():
     lines = dry_run("all")
     for block in ("small", "small_ablations", "proximity", "lkf_small", "sweeps", "single", "sequential", "joint",
