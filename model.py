@@ -76,6 +76,11 @@ class Progress:
 # ----------------------------------------------------------------------------------------------
 # Precision by hardware
 
+# oneDNN's instruction-set caps below its bf16 ones (AVX512_CORE_BF16, AVX10_1_512 = AVX512_CORE_FP16, the AMX
+# ones, DEFAULT and ALL have bf16)
+ONEDNN_CAPS_WITHOUT_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
+
+
 def cpu_bf16_native():
     """(bool, why): whether this CPU computes bf16 matrix products natively (AMX or AVX512-BF16, and
     oneDNN allowed to use them). Elsewhere torch emulates bf16: with AVX2 kernels a bf16 matmul ran about 80x
@@ -87,7 +92,7 @@ def cpu_bf16_native():
         return False, "this CPU has neither AMX nor AVX512-BF16"
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
     if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()) or (
-            cap and cap.upper() != "ALL" and not any(k in cap.upper() for k in ("BF16", "AMX"))):
+            cap.upper() in ONEDNN_CAPS_WITHOUT_BF16):
         return False, f"this CPU has {' and '.join(features)}, but oneDNN is capped at {cap or 'an ISA without them'}"
     return True, f"this CPU has {' and '.join(features)}"
 

@@ -45,6 +45,10 @@ def cpu_probe(monkeypatch, amx, avx512_bf16, onednn_bf16=True, cap=None):
     (True, True, True, "AVX512_CORE", "fp32"),              # capped below BF16
     (True, True, True, "AVX512_CORE_AMX", "bf16"),
     (True, True, True, "ALL", "bf16"),
+    (True, True, True, "avx2_vnni", "fp32"),
+    (True, True, True, "AVX10_1_512", "bf16"),               # caps above BF16 whose names do not say so
+    (True, True, True, "AVX512_CORE_FP16", "bf16"),
+    (True, True, True, "DEFAULT", "bf16"),
 ])
 def test_precision_follows_the_cpu(monkeypatch, amx, avx512_bf16, onednn_bf16, cap, want):
     """--precision auto: bf16 on a CPU only where bf16 matrix products are native and oneDNN may use
