@@ -314,6 +314,7 @@ class HTTPJudge(ChatClient):
             if k not in found:
                 waiting[k] = waiting.get(k, 0) + 1
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency)
+        futures = {}
         try:
             futures = {pool.submit(self._judge_one, kind, m): k for k, m in todo.items()}
             for fut in concurrent.futures.as_completed(futures):
@@ -327,6 +328,11 @@ class HTTPJudge(ChatClient):
                     progress(done)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            for fut, k in futures.items():      # after a failure: the requests in flight then, cached as they finished
+                if k not in found and fut.done() and not fut.cancelled() and fut.exception() is None:
+                    verdict, raw = fut.result()
+                    if verdict != INVALID:
+                        self.cache.put(k, kind, self.model, verdict, raw)
         return [found[k] for k in keys]
 
     def verdicts(self, kind, items, progress=None):

@@ -833,6 +833,44 @@ def test_server_cache_rerun(smollm2_server, tmp_path):
 
 
 @pytest.mark.slow
+def test_verdicts_in_flight_when_the_server_fails_are_cached(tmp_path):
+    """A request that fails for good (HTTP 400) while others are in flight: the error propagates, and the
+    verdicts of the requests that finish after it are cached all the same (a rerun does not ask them again)."""
+    import time
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):                                       # /models
+            body = json.dumps({"data": [{"id": "stub"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            failing = "FAIL" in request["messages"][-1]["content"]
+            time.sleep(0.05 if failing else 0.6)                 # the failure first, the others still in flight
+            body = b"bad request" if failing else json.dumps(
+                {"choices": [{"message": {"role": "assistant", "content": "NO"}, "finish_reason": "stop"}]}).encode()
+            self.send_response(400 if failing else 200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    server = LocalServer(Handler)
+    try:
+        items = [dict(EASY[0], answer=a) for a in ("one answer", "FAIL", "another answer")]
+        j = HTTPJudge(server.url, model="stub", cache_path=tmp_path / "c.sqlite", concurrency=3, parse_retries=0)
+        with pytest.raises(ServerUnavailable, match="HTTP 400"):
+            j.verdicts("gibberish", items)
+        with sqlite3.connect(tmp_path / "c.sqlite") as db:
+            assert db.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0] == 2
+    finally:
+        server.close()
+
+
 def test_server_restart_mid_run(smollm2_server, tmp_path):
     j = HTTPJudge(smollm2_server.url + "/v1", cache_path=tmp_path / "c.sqlite", concurrency=2, parse_retries=0,
                   backoff=0.01, max_retries=14, timeout=600)  # retries every ~2^k/100 s: soon after the restart
