@@ -1319,8 +1319,8 @@ def add_run_and_speed_flags(p):
     p.add_argument("--recompute-blocks", default="0", metavar="N",
                    help="memory: the first N decoder blocks keep only their input for backward and run their forward "
                         "again there (activation checkpointing; the same gradients, slower); one device, eager. auto: "
-                        "on one GPU (eager), the fewest that keep a step's estimated peak within --memory-gib (opt-in until "
-                        "measured again on an H100, where its sizing pass leaked, fixed since: BENCHMARKS.md)")
+                        "on one GPU (eager), the fewest that keep a step's estimated peak within --memory-gib: on an "
+                        "H100, JensUn++ without back-off and with its graphs captured, 18%% slower a step (BENCHMARKS.md)")
     p.add_argument("--memory-gib", type=float, default=None, metavar="G",
                    help="--recompute-blocks auto: the GiB a step may peak at (default: 0.8 of the GPU's memory, "
                         "train.MEMORY_SHARE; without a GPU, none: no block recomputed unless it is given)")
