@@ -460,14 +460,18 @@ class PairedTrainSet:
                 kind, which, fmt = retain_role(r["label"])
                 for key in ((kind, which, fmt), (kind, fmt), fmt):
                     alike[key].append(r)
+            ids_of = {id(r): answer_ids(tokenizer, r["answer"]) for r in rows}       # each row's answer once
             matched = []
-            for own_topic, _, own in self.pairs:
+            for (own_topic, _, own), (_, own_ids) in zip(self.pairs, self.answers):
+                if own_topic == topic:
+                    matched.append((own, own_ids))
+                    continue
                 kind, which, fmt = retain_role(own["label"])
                 key = next((k for k in ((kind, which, fmt), (kind, fmt), fmt) if alike[k]), None)
                 same = alike[key] if key is not None else rows       # a role this topic lacks: the nearest it has
-                pick = own if own_topic == topic else same[taken[key] % len(same)]
-                taken[key] += own_topic != topic
-                matched.append((pick, answer_ids(tokenizer, pick["answer"])))
+                pick = same[taken[key] % len(same)]
+                taken[key] += 1
+                matched.append((pick, ids_of[id(pick)]))
             self.retain_topics[topic] = matched
 
     def __len__(self):

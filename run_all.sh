@@ -175,13 +175,17 @@ for m in '$SMALL_METHODS'.split():
   done
 }
 
+llama_row() {   # "METHOD--FLAG VALUE" lines: every method's Llama-row --lr, --lambda-f and --lambda-r (%g)
+  python -c "import losses
+for m in losses.METHODS:
+    h = losses.resolve_hparams(m, 'llama')
+    print(m + '--lr', '%g' % h['lr']); print(m + '--lambda-f', '%g' % h['lambda_f']); print(m + '--lambda-r', '%g' % h['lambda_r'])"
+}
+
 small_lambda() {   # optional: at each picked LR, every loss factor the paper swept; then the pick again
   local out=$1 m lr line flags
   local -A default=()               # the LR sweep's own loss factors (the Llama row's, or SMALL_LAMBDAS')
-  while read -r key value; do default[$key]=$value; done < <(python -c "import losses
-for m in '$SMALL_METHODS'.split():
-    h = losses.resolve_hparams(m, 'llama')
-    print(m + '--lambda-f', '%g' % h['lambda_f']); print(m + '--lambda-r', '%g' % h['lambda_r'])")
+  while read -r key value; do default[$key]=$value; done < <(llama_row)
   for m in "${!SMALL_LAMBDAS[@]}"; do
     set -- ${SMALL_LAMBDAS[$m]}
     while [ $# -gt 0 ]; do default[$m$1]=$(printf '%g' "$2"); shift 2; done
@@ -410,9 +414,7 @@ block_sweeps() {
                 [simnpo]="7e-6 1e-5 2e-5 3e-5" [undial]="5e-5 1e-4 5e-4" [wga]="5e-6 8e-6 1e-5 2e-5"
                 [jensunpp]="1e-6 2e-6 3e-6 4e-6")
   local -A default=()      # the Llama row's LR and loss factors: its run in the LR sweep is the lambda sweep's default
-  while read -r key value; do default[$key]=$value; done < <(python -c "import losses
-for m, h in ((m, losses.resolve_hparams(m, 'llama')) for m in losses.METHODS):
-    print(m + '--lr', '%g' % h['lr']); print(m + '--lambda-f', '%g' % h['lambda_f']); print(m + '--lambda-r', '%g' % h['lambda_r'])")
+  while read -r key value; do default[$key]=$value; done < <(llama_row)
   for m in "${!LRS[@]}"; do
     for lr in ${LRS[$m]}; do
       train --method "$m" --model "$LLAMA" --topics challenger_disaster --lr "$lr" --out "$RUNS/sweep/$m-lr$lr"

@@ -736,8 +736,8 @@ def check_adversarial(found, adv, fe):
 
 def check_pairing(found, files):
     """Line i of retain_train is line i of forget_train's partner (appendix B.2): a syntax row mirrors exactly
-    its partner's label, any other row that names a format is in its partner's (original, q, blank). A file out of order
-    passes the counts, and trains every pair with a wrong hard negative."""
+    its partner's label, any other row that names a format is in its partner's (original, q, blank). A file
+    out of order passes the counts, and trains every pair with a wrong hard negative."""
     named = {(e.path, e.line) for e in found.list if e.field == "label"}          # a bad label is named once
     retain = {r["_line"]: r for r in files.get("retain_train", []) if isinstance(r.get("label"), str)}
     for f in files.get("forget_train", []):

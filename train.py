@@ -59,8 +59,8 @@ BLOCKS_PER_GROUP = 4
 OPTIMIZER_CHUNK_BYTES = 1 << 30
 # --recompute-blocks auto plans a step's peak to fit this share of the GPU (issue 52: at most 64 of an H100's 80),
 # leaving WORKSPACE_BYTES of it for what no pass saves: the frozen model's CUDA graph pools, cuBLAS, allocator slack.
-# On an H100 (93f36fb, BENCHMARKS.md) JensUn++ ran out of memory where it planned 63 GiB, its sizing pass leaked
-# (fixed in 1f7506d): auto is not the default until measured there again.
+# On an H100 at 08bcd47 (BENCHMARKS.md) auto ran JensUn++ without back-off, 18% slower a step than none recomputed:
+# auto stays opt-in.
 MEMORY_SHARE = 0.8
 WORKSPACE_BYTES = 2 << 30
 MAX_SKIPPED_IN_A_ROW = 10   # non-finite gradients this many steps running stop the run: it is not training
